@@ -1,0 +1,61 @@
+# Every target sets itself up: a fresh clone needs only Python 3.10+ and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.ptlab-ready
+PORT ?= 8888
+# Strict nbval: every stored output is compared, volatile text sanitised, each cell limited in time.
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 120
+
+.PHONY: help setup lab test test-unit test-notebooks test-browser notebooks bench doctor lock catalogue clean
+
+help:
+	@echo "make lab            set up .venv and start JupyterLab on notebooks/"
+	@echo "make test           set up .venv, then unit tests, strict nbval and notebook hygiene"
+	@echo "make test-browser   every notebook and widget in real JupyterLab + Chromium"
+	@echo "make notebooks      re-execute every notebook in place (refresh committed outputs)"
+	@echo "make bench          run every notebook once: time, slowest cell, peak RSS, checked share"
+	@echo "make lock           recompile requirements.lock from requirements.in (needs uv)"
+
+$(READY): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+setup: $(READY)
+
+lab: $(READY)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT)
+
+doctor: $(READY)
+	$(PY) -m ptlab doctor
+
+test: $(READY)
+	$(PY) -m ptlab doctor
+	$(PY) -m pytest tests notebooks --ignore=tests/browser $(NBVAL)
+
+test-unit: $(READY)
+	$(PY) -m pytest tests --ignore=tests/browser
+
+test-notebooks: $(READY)
+	$(PY) -m pytest notebooks $(NBVAL)
+
+test-browser: $(READY)
+	$(PY) -m pytest tests/browser -p no:cacheprovider
+
+notebooks: $(READY)
+	$(PY) -m ptlab notebooks notebooks
+
+bench: $(READY)
+	$(PY) -m ptlab bench notebooks
+
+catalogue: $(READY)
+	$(PY) -m ptlab catalogue --write
+
+lock:
+	uv pip compile requirements.in --universal --python-version 3.10 --generate-hashes --no-header \
+		--custom-compile-command "make lock" -o requirements.lock
+
+clean:
+	rm -rf $(VENV) .pytest_cache artifacts

@@ -1,0 +1,23 @@
+"""pytest setup shared by the unit tests and strict nbval."""
+from __future__ import annotations
+
+import os
+
+from ptlab.nbrun import KERNEL_ENV
+
+
+def pytest_configure(config):
+    # nbval's kernels inherit this environment: the same one `make notebooks` executes with.
+    os.environ.update(KERNEL_ENV)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Report the share of output-checked code cells per notebook (the budget is 85%)."""
+    import sys
+
+    module = sys.modules.get("test_notebook_hygiene")
+    fractions = getattr(module, "CHECKED_FRACTIONS", None)
+    if fractions:
+        terminalreporter.section("output-checked code cells per notebook")
+        for path, fraction in sorted(fractions.items()):
+            terminalreporter.write_line(f"{fraction:6.0%}  {path}")

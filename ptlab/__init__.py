@@ -1,0 +1,37 @@
+"""ptlab: runnable PyTorch pitfalls, widgets and checks for the course notebooks.
+
+Importing ptlab changes no global state: no seeding, no warning filters, no backend flags.
+"""
+from __future__ import annotations
+
+from .claims import ClaimFailed, claim
+from .core import DeviceChoice, choose_device, get_device, seed_everything
+from .exercises import check
+from .pitfalls import all_pitfalls, compare_pitfall, get_pitfall, run_pitfall
+from .timing import compare, format_seconds, time_callable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClaimFailed", "claim", "DeviceChoice", "choose_device", "get_device", "seed_everything", "check",
+    "all_pitfalls", "compare_pitfall", "get_pitfall", "run_pitfall", "compare", "format_seconds",
+    "time_callable", "show_pitfall", "versions",
+]
+
+
+def show_pitfall(pitfall_id: str):
+    """The interactive widget for one pitfall (imports ipywidgets only when called)."""
+    from .widgets import show_pitfall as _show
+
+    return _show(pitfall_id)
+
+
+def versions() -> dict[str, str]:
+    """Python, torch, torchvision and ptlab versions, for a notebook's setup cell."""
+    import platform
+
+    import torch
+    import torchvision
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torchvision": torchvision.__version__, "ptlab": __version__}

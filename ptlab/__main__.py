@@ -1,0 +1,123 @@
+"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import report, run_checks
+
+    text, code = report(run_checks())
+    print(text)
+    return code
+
+
+def _pitfalls(args: argparse.Namespace) -> int:
+    from .catalogue import catalogue_json, catalogue_text
+    from .pitfalls import get_pitfall
+
+    if args.action == "run":
+        if not args.id:
+            print("usage: python -m ptlab pitfalls run ID [--fixed]", file=sys.stderr)
+            return 2
+        try:
+            record = get_pitfall(args.id)
+        except KeyError as err:
+            print(err.args[0], file=sys.stderr)
+            return 2
+        outcome = record.run(buggy=not args.fixed)
+        print(f"{record.id} ({'fixed' if args.fixed else 'bug on'}): {record.title}")
+        for name, value in outcome.formatted_figures().items():
+            print(f"  {name}: {value}")
+        print(f"  symptom shows: {outcome.broken}  ({record.symptom})")
+        return 0
+    print(catalogue_json() if args.json else catalogue_text())
+    return 0
+
+
+def _catalogue(args: argparse.Namespace) -> int:
+    from .catalogue import catalogue_markdown, readme_is_current, write_readme
+
+    readme = Path(args.readme)
+    if args.check:
+        if readme_is_current(readme):
+            print(f"{readme}: pitfall catalogue is current")
+            return 0
+        print(f"{readme}: pitfall catalogue is stale; run `python -m ptlab catalogue --write`", file=sys.stderr)
+        return 1
+    if args.write:
+        print(f"{readme}: {'updated' if write_readme(readme) else 'already current'}")
+        return 0
+    print(catalogue_markdown())
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from . import data
+
+    if args.rebuild:
+        print(f"rebuilt {data.DATASET_FILE.name}: sha256 {data.rebuild_dataset()}")
+    elif args.export:
+        print(f"wrote {data.export_image_folder(Path(args.export), train=not args.test)}")
+    else:
+        try:
+            print(f"{data.DATASET_FILE.name}: sha256 {data.verify_dataset()} ok")
+        except data.DatasetError as err:
+            print(err, file=sys.stderr)
+            return 1
+    return 0
+
+
+def _notebooks(args: argparse.Namespace) -> int:
+    from .nbrun import execute_in_place
+
+    return execute_in_place([Path(p) for p in args.paths])
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .nbrun import bench
+
+    return bench([Path(p) for p in args.paths])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree; every option shows its default in --help."""
+    parser = argparse.ArgumentParser(prog="python -m ptlab", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="readiness report for this machine").set_defaults(func=_doctor)
+    p = sub.add_parser("pitfalls", help="the pitfall catalogue, or run one pitfall")
+    p.add_argument("action", nargs="?", choices=["list", "run"], default="list")
+    p.add_argument("id", nargs="?", help="pitfall id for `run`")
+    p.add_argument("--fixed", action="store_true", help="run the fixed code instead of the buggy one")
+    p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    p.set_defaults(func=_pitfalls)
+    p = sub.add_parser("catalogue", help="the README's pitfall table")
+    p.add_argument("--readme", default="README.md")
+    p.add_argument("--write", action="store_true", help="refresh the table in the README")
+    p.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
+    p.set_defaults(func=_catalogue)
+    p = sub.add_parser("data", help="verify, rebuild or export the embedded dataset")
+    p.add_argument("--rebuild", action="store_true", help="regenerate the file with the generator")
+    p.add_argument("--export", metavar="DIR", help="write an ImageFolder tree of PNGs to DIR")
+    p.add_argument("--test", action="store_true", help="export the test split instead of train")
+    p.set_defaults(func=_data)
+    p = sub.add_parser("notebooks", help="re-execute notebooks in place (refresh committed outputs)")
+    p.add_argument("paths", nargs="*", default=["notebooks"])
+    p.set_defaults(func=_notebooks)
+    p = sub.add_parser("bench", help="run every notebook once; time, memory and checked-cell table")
+    p.add_argument("paths", nargs="*", default=["notebooks"])
+    p.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m ptlab` and the `ptlab` script."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Device choice and seeding: set once, in plain view, at the top of every notebook."""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DEVICE_ENV = "PTLAB_DEVICE"
+_KNOWN_DEVICES = ("cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device ptlab picked and the reason, for a readable setup cell."""
+
+    device: torch.device
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.device} ({self.reason})"
+
+
+def choose_device() -> DeviceChoice:
+    """Pick cuda, then mps, then cpu; the PTLAB_DEVICE environment variable overrides."""
+    wanted = os.environ.get(DEVICE_ENV, "").strip()
+    if wanted:
+        kind = wanted.split(":")[0]
+        if kind not in _KNOWN_DEVICES:
+            raise ValueError(
+                f"{DEVICE_ENV}={wanted!r} is not a device ptlab knows; use one of {', '.join(_KNOWN_DEVICES)}"
+            )
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"{DEVICE_ENV}={wanted!r} but torch.cuda.is_available() is False on this machine")
+        if kind == "mps" and not torch.backends.mps.is_available():
+            raise RuntimeError(f"{DEVICE_ENV}={wanted!r} but torch.backends.mps.is_available() is False")
+        return DeviceChoice(torch.device(wanted), f"set by {DEVICE_ENV}")
+    if torch.cuda.is_available():
+        return DeviceChoice(torch.device("cuda"), f"CUDA GPU found: {torch.cuda.get_device_name(0)}")
+    if torch.backends.mps.is_available():
+        return DeviceChoice(torch.device("mps"), "Apple GPU (MPS) found")
+    return DeviceChoice(torch.device("cpu"), "no CUDA or MPS device found")
+
+
+def get_device() -> torch.device:
+    """The device the course runs on: cuda, then mps, then cpu (PTLAB_DEVICE overrides)."""
+    return choose_device().device
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed Python, NumPy and torch (all devices); optionally ask torch for deterministic kernels."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        # cuBLAS needs this before its first call to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False

@@ -1,0 +1,117 @@
+"""`python -m ptlab doctor`: is this laptop ready for the course?"""
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from .core import choose_device
+
+PINNED = {"torch": "2.14.1", "torchvision": "0.29.1"}
+
+
+@dataclass
+class Check:
+    """One line of the report: what, the finding, and whether the course can go on without it."""
+
+    name: str
+    finding: str
+    ok: bool = True
+    required: bool = True
+    fix: str = ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_check(package: str, fix: str) -> Check:
+    found = _version(package)
+    pinned = PINNED.get(package)
+    if found is None:
+        return Check(package, "not installed", ok=False, fix=fix)
+    if pinned and found.split("+")[0] != pinned:
+        return Check(package, f"{found} (the course's outputs were made with {pinned})", ok=False, fix=fix)
+    return Check(package, found)
+
+
+def _bf16_autocast(device: torch.device) -> Check:
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = torch.ones(4, 4, device=device) @ torch.ones(4, 4, device=device)
+        ok = out.dtype == torch.bfloat16
+        return Check("bf16 autocast", f"works on {device.type}" if ok else f"gives {out.dtype}",
+                     ok=ok, required=False, fix="chapter 5 falls back to float32 timing comparisons")
+    except Exception as err:
+        return Check("bf16 autocast", f"unavailable on {device.type}: {type(err).__name__}", ok=False,
+                     required=False, fix="chapter 5 falls back to float32 timing comparisons")
+
+
+def _compiler() -> Check:
+    cc = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    if cc:
+        return Check("C++ compiler (torch.compile on CPU)", cc.rsplit("/", 1)[-1])
+    return Check("C++ compiler (torch.compile on CPU)", "not found", ok=False, required=False,
+                 fix="install g++ (Debian/Ubuntu: apt install g++; macOS: xcode-select --install) for chapter 7")
+
+
+def _dataset() -> Check:
+    try:
+        from .data import DATASET_FILE, verify_dataset
+
+        digest = verify_dataset()
+        return Check("embedded dataset", f"{DATASET_FILE.name} sha256 {digest[:12]}… ok")
+    except Exception as err:  # DatasetError says what to do
+        return Check("embedded dataset", str(err), ok=False, fix="see the message above")
+
+
+def _jupyter() -> list[Check]:
+    checks = [_version_check("jupyterlab", "make lab installs it"),
+              _version_check("ipywidgets", "make lab installs it")]
+    lab_ext = _version("jupyterlab_widgets")
+    checks.append(Check("ipywidgets lab extension", f"jupyterlab_widgets {lab_ext}" if lab_ext else "not installed",
+                        ok=lab_ext is not None, fix="pip install jupyterlab_widgets (make lab does it)"))
+    return checks
+
+
+def run_checks() -> list[Check]:
+    """Every readiness check, in the order the report prints them."""
+    choice = choose_device()
+    checks = [
+        Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer"),
+        _version_check("torch", "make lab installs the pinned version from requirements.lock"),
+        _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
+        Check("device", str(choice), required=False),
+        _bf16_autocast(choice.device),
+        _compiler(),
+        Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
+              required=False),
+        _dataset(),
+        *_jupyter(),
+    ]
+    return checks
+
+
+def report(checks: list[Check]) -> tuple[str, int]:
+    """The printed report and the exit code: 1 if anything required is missing."""
+    width = max(len(c.name) for c in checks) + 2
+    lines = ["ptlab doctor"]
+    for c in checks:
+        mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+        lines.append(f"  [{mark}] {c.name:<{width}}{c.finding}")
+        if not c.ok and c.fix:
+            lines.append(f"         {'':<{width}}-> {c.fix}")
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:
+        lines.append(f"NOT READY: the course needs {', '.join(missing)}. Run `make lab` (or `make test`) to set it up.")
+    else:
+        lines.append("READY: everything the course needs is here.")
+    return "\n".join(lines), 1 if missing else 0

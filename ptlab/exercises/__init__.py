@@ -1,0 +1,101 @@
+"""Auto-checked exercises: a learner edits a cell, `check(id, answer)` answers it.
+
+A stub is left as `...` (Ellipsis), or a function whose body is `...`; the check then says
+"not attempted yet". A wrong answer gets a hint; a right one a confirmation.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["Exercise", "exercise", "check", "all_exercises", "NotAttempted", "Wrong"]
+
+_REGISTRY: dict[str, "Exercise"] = {}
+
+NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"
+
+
+class NotAttempted(Exception):
+    """Raised by a checker when the answer is still the stub."""
+
+
+class Wrong(Exception):
+    """Raised by a checker with a specific hint for this wrong answer."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise: the task in one line, a hint, and a checker that raises Wrong or NotAttempted."""
+
+    id: str
+    chapter: int
+    task: str
+    hint: str
+    checker: Callable[[Any], None]
+
+
+def exercise(*, id: str, chapter: int, task: str, hint: str):
+    """Register `checker(answer)`: return on success, raise Wrong(hint) or NotAttempted otherwise."""
+
+    def register(checker: Callable[[Any], None]) -> Callable[[Any], None]:
+        if id in _REGISTRY and _REGISTRY[id].checker.__qualname__ != checker.__qualname__:
+            raise ValueError(f"exercise id {id!r} is registered twice")
+        _REGISTRY[id] = Exercise(id, chapter, task, hint, checker)
+        return checker
+
+    return register
+
+
+def _load_topics() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def all_exercises(chapter: int | None = None) -> list[Exercise]:
+    """Every registered exercise (or one chapter's)."""
+    _load_topics()
+    return [e for e in _REGISTRY.values() if chapter is None or e.chapter == chapter]
+
+
+def is_stub(answer: Any) -> bool:
+    """True for the untouched stub `...` (a stub function is caught by calls_stub)."""
+    return answer is Ellipsis
+
+
+def check(exercise_id: str, answer: Any) -> str:
+    """Check a learner's answer, print one line, and return 'correct', 'wrong' or 'not attempted'."""
+    _load_topics()
+    if exercise_id not in _REGISTRY:
+        raise KeyError(f"no exercise {exercise_id!r}; known: {', '.join(sorted(_REGISTRY))}")
+    ex = _REGISTRY[exercise_id]
+    try:
+        if is_stub(answer):
+            raise NotAttempted
+        ex.checker(answer)
+    except NotAttempted:
+        print(f"○ {ex.id}: not attempted yet. Task: {ex.task}")
+        return NOT_ATTEMPTED
+    except Wrong as wrong:
+        detail = f" {wrong}" if str(wrong) else ""
+        print(f"✘ {ex.id}: not yet.{detail} Hint: {ex.hint}")
+        return WRONG
+    except Exception as err:  # the learner's code raised: say so, with the hint
+        print(f"✘ {ex.id}: your answer raised {type(err).__name__}: {err}. Hint: {ex.hint}")
+        return WRONG
+    print(f"✔ {ex.id}: correct.")
+    return CORRECT
+
+
+def calls_stub(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a learner's function; raise NotAttempted if it still returns the stub's `...`."""
+    if not callable(fn):
+        raise Wrong(f"expected a function, got {type(fn).__name__}")
+    result = fn(*args)
+    if result is Ellipsis:
+        raise NotAttempted
+    if result is None:
+        raise Wrong("your function returned None: is a `return` missing?")
+    return result

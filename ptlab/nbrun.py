@@ -1,0 +1,168 @@
+"""Run the course notebooks: refresh outputs in place (`make notebooks`) or benchmark them (`make bench`)."""
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import psutil
+
+SKIP_MARKS = ("NBVAL_SKIP", "NBVAL_IGNORE_OUTPUT")
+# The environment every notebook kernel gets, here and under nbval: stable hashing, and every
+# DeprecationWarning shown (Python hides those outside __main__), so strict nbval sees any of them.
+KERNEL_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "default::DeprecationWarning"}
+BUDGETS = {"notebook_s": 120.0, "cell_s": 20.0, "rss_mib": 3 * 1024.0, "total_s": 600.0, "checked": 0.85}
+
+
+def notebook_paths(paths: list[Path]) -> list[Path]:
+    """Notebooks under the given files or folders, solutions included, checkpoints excluded."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.rglob("*.ipynb")) if ".ipynb_checkpoints" not in p.parts]
+        elif path.suffix == ".ipynb" and path.exists():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: not a notebook or a folder of notebooks")
+    return found
+
+
+def code_cells(nb) -> list:
+    """The code cells that hold code (blank cells are ignored)."""
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+
+
+def cell_marks(cell) -> set[str]:
+    """The NBVAL_* markers written in a cell's comments."""
+    return set(re.findall(r"#\s*(NBVAL_[A-Z_]+)", cell.source))
+
+
+def checked_fraction(nb) -> float:
+    """Share of code cells whose outputs strict nbval compares (neither skipped nor ignored)."""
+    cells = code_cells(nb)
+    if not cells:
+        return 0.0
+    checked = [c for c in cells if not (cell_marks(c) & set(SKIP_MARKS))]
+    return len(checked) / len(cells)
+
+
+@dataclass
+class NotebookRun:
+    """What one execution of a notebook cost."""
+
+    path: Path
+    wall_s: float
+    slowest_cell_s: float
+    slowest_cell: int
+    peak_rss_mib: float
+    checked: float
+
+
+class _PeakRss:
+    """Samples the RSS of the kernel process tree in a thread; keeps the peak."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in me.children(recursive=True):
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "_PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _client(nb, path: Path, **hooks):
+    from nbclient import NotebookClient
+
+    return NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
+                          resources={"metadata": {"path": str(path.parent)}}, **hooks)
+
+
+def run_notebook(path: Path, write: bool = False) -> NotebookRun:
+    """Execute one notebook top to bottom in a fresh kernel; optionally write the outputs back."""
+    os.environ.update(KERNEL_ENV)  # the kernel inherits it; this runs in the CLI process only
+    nb = nbformat.read(path, as_version=4)
+    cell_times: dict[int, float] = {}
+    started: dict[int, float] = {}
+
+    def on_start(cell, cell_index):
+        started[cell_index] = time.perf_counter()
+
+    def on_done(cell, cell_index, **_):
+        cell_times[cell_index] = time.perf_counter() - started.get(cell_index, time.perf_counter())
+
+    start = time.perf_counter()
+    with _PeakRss() as rss:
+        _client(nb, path, on_cell_start=on_start, on_cell_executed=on_done).execute()
+    wall = time.perf_counter() - start
+    if write:
+        for cell in nb.cells:
+            cell.metadata.pop("execution", None)
+        nbformat.write(nb, path)
+    slowest = max(cell_times, key=cell_times.get) if cell_times else -1
+    return NotebookRun(path, wall, cell_times.get(slowest, 0.0), slowest, rss.peak / 2**20, checked_fraction(nb))
+
+
+def execute_in_place(paths: list[Path]) -> int:
+    """Re-execute every notebook and store its outputs (what `make notebooks` runs)."""
+    for path in notebook_paths(paths):
+        run = run_notebook(path, write=True)
+        print(f"{path}: executed in {run.wall_s:.1f} s, {run.checked:.0%} of code cells output-checked")
+    return 0
+
+
+def budget_problems(run: NotebookRun) -> list[str]:
+    """Which of the course's per-notebook budgets this run broke."""
+    problems = []
+    if run.wall_s > BUDGETS["notebook_s"]:
+        problems.append(f"ran {run.wall_s:.0f} s > {BUDGETS['notebook_s']:.0f} s")
+    if run.slowest_cell_s > BUDGETS["cell_s"]:
+        problems.append(f"cell {run.slowest_cell} took {run.slowest_cell_s:.0f} s > {BUDGETS['cell_s']:.0f} s")
+    if run.peak_rss_mib > BUDGETS["rss_mib"]:
+        problems.append(f"peak RSS {run.peak_rss_mib:.0f} MiB > {BUDGETS['rss_mib']:.0f} MiB")
+    if run.checked < BUDGETS["checked"]:
+        problems.append(f"only {run.checked:.0%} of code cells output-checked < {BUDGETS['checked']:.0%}")
+    return problems
+
+
+def bench(paths: list[Path]) -> int:
+    """Run every notebook once and print wall time, slowest cell, peak RSS and checked share."""
+    from tqdm.auto import tqdm
+
+    runs, problems = [], []
+    nbs = notebook_paths(paths)
+    for path in tqdm(nbs, desc="notebooks", unit="nb"):
+        run = run_notebook(path)
+        runs.append(run)
+        problems += [f"{path}: {p}" for p in budget_problems(run)]
+    total = sum(r.wall_s for r in runs)
+    if total > BUDGETS["total_s"]:
+        problems.append(f"the whole course ran {total:.0f} s > {BUDGETS['total_s']:.0f} s")
+    width = max([len(str(r.path)) for r in runs] + [8])
+    print(f"\n{'notebook':<{width}}  wall s  slowest cell s  peak RSS MiB  checked")
+    for r in runs:
+        print(f"{str(r.path):<{width}}  {r.wall_s:6.1f}  {r.slowest_cell_s:8.1f} (#{r.slowest_cell:<2})"
+              f"  {r.peak_rss_mib:12.0f}  {r.checked:6.0%}")
+    print(f"{'total':<{width}}  {total:6.1f}")
+    for p in problems:
+        print(f"OVER BUDGET: {p}")
+    return 1 if problems else 0

@@ -1,0 +1,117 @@
+"""The pitfall record: buggy vs fixed code in one function, and the measured outcome."""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable
+
+Number = int | float
+
+_ID_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_REGISTRY: dict[str, "Pitfall"] = {}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run measured: named figures, series to plot, and whether the symptom showed."""
+
+    figures: dict[str, Number | str]
+    broken: bool
+    series: dict[str, list[float]] = field(default_factory=dict)
+    x_label: str = "step"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.broken, bool):
+            raise TypeError(f"Outcome.broken must be a bool, got {type(self.broken).__name__}")
+        for name, values in self.series.items():
+            if not all(isinstance(v, (int, float)) for v in values):
+                raise TypeError(f"Outcome.series[{name!r}] must hold plain numbers (call .item() on tensors)")
+
+    def formatted_figures(self) -> dict[str, str]:
+        """Figures as stable text: floats to 4 significant digits, so outputs reproduce."""
+        return {name: format_figure(value) for name, value in self.figures.items()}
+
+
+def format_figure(value: Number | str) -> str:
+    """One figure as text, rounded so it reads well and reproduces across runs."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if abs(value) < 5e-5:  # below the printed precision: noise digits would not reproduce
+        return "0"
+    return f"{value:.4g}"
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    """A registered pitfall: who it is, what goes wrong, why, how to catch it, and its reproduction."""
+
+    id: str
+    chapter: int
+    title: str
+    symptom: str
+    why: str
+    catch: str
+    reproduce: Callable[[bool], Outcome]
+
+    def run(self, buggy: bool = True) -> Outcome:
+        """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured."""
+        outcome = self.reproduce(buggy=bool(buggy))
+        if not isinstance(outcome, Outcome):
+            raise TypeError(f"pitfall {self.id!r} returned {type(outcome).__name__}, expected Outcome")
+        return outcome
+
+    @property
+    def source(self) -> str:
+        """The reproduction's source code, as the learner reads it (decorator left out)."""
+        lines = textwrap.dedent(inspect.getsource(self.reproduce)).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def "))
+        return "\n".join(lines[start:])
+
+    def marked_lines(self) -> list[tuple[str, str | None]]:
+        """Each source line with its marker: 'BUG', 'FIX' or None."""
+        return [(line, _marker(line)) for line in self.source.splitlines()]
+
+    def summary(self) -> dict[str, object]:
+        """The catalogue entry (everything but the code), JSON-ready."""
+        return {"id": self.id, "chapter": self.chapter, "title": self.title, "symptom": self.symptom,
+                "why": self.why, "catch": self.catch}
+
+
+def _marker(line: str) -> str | None:
+    comment = line.split("#", 1)[1] if "#" in line else ""
+    for tag in ("BUG", "FIX"):
+        if re.match(rf"\s*{tag}\b", comment):
+            return tag
+    return None
+
+
+def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str):
+    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record."""
+
+    def register(fn: Callable[[bool], Outcome]) -> Callable[[bool], Outcome]:
+        if not _ID_PATTERN.match(id):
+            raise ValueError(f"pitfall id {id!r} must be lowercase words joined by '-'")
+        if id in _REGISTRY and _REGISTRY[id].reproduce.__qualname__ != fn.__qualname__:
+            raise ValueError(f"pitfall id {id!r} is registered twice")
+        if "buggy" not in inspect.signature(fn).parameters:
+            raise TypeError(f"pitfall {id!r}: the reproduction must take a `buggy` argument")
+        record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn)
+        markers = {m for _, m in record.marked_lines()}
+        if not {"BUG", "FIX"} <= markers:
+            raise ValueError(f"pitfall {id!r}: mark the differing lines with '# BUG' and '# FIX' comments")
+        _REGISTRY[id] = record
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, Pitfall]:
+    """Every pitfall registered so far, by id (topic modules register on import)."""
+    return dict(_REGISTRY)

@@ -1,0 +1,32 @@
+"""Small matplotlib figures shared by the widgets and the notebooks."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from .pitfalls.registry import Outcome
+
+BUGGY_COLOUR = "#c0392b"
+FIXED_COLOUR = "#27ae60"
+
+
+def plot_series(outcomes: dict[str, Outcome], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
+    """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
+    names = sorted({name for o in outcomes.values() for name in o.series})
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(size[0] * len(names), size[1]), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for label, outcome in outcomes.items():
+            values = outcome.series.get(name)
+            if values:
+                colour = BUGGY_COLOUR if label.startswith("bug") else FIXED_COLOUR
+                ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label, color=colour)
+                ax.set_xlabel(outcome.x_label)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,94 @@
+"""One generic widget for any pitfall: read the code, flip the bug, press Run, watch the figures."""
+from __future__ import annotations
+
+import html
+import time
+import traceback
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from .pitfalls import Pitfall, get_pitfall
+from .plots import plot_series
+
+_LINE_STYLE = {
+    "BUG": "background:#fdecea;border-left:3px solid #c0392b;",
+    "FIX": "background:#eafaf1;border-left:3px solid #27ae60;",
+    None: "border-left:3px solid transparent;",
+}
+
+
+def code_html(record: Pitfall) -> str:
+    """The reproduction's source as HTML, with # BUG and # FIX lines highlighted."""
+    rows = [
+        f'<div style="{_LINE_STYLE[marker]}padding-left:6px;white-space:pre">{html.escape(line) or " "}</div>'
+        for line, marker in record.marked_lines()
+    ]
+    return ('<div class="ptlab-code" style="font-family:monospace;font-size:12px;line-height:1.35;'
+            'overflow-x:auto">' + "".join(rows) + "</div>")
+
+
+def figures_html(figures: dict[str, str], broken: bool, symptom: str) -> str:
+    """A small table of figures with a verdict line."""
+    verdict = (f'<b style="color:#c0392b">BROKEN</b>: {html.escape(symptom)}' if broken
+               else '<b style="color:#27ae60">OK</b>: the symptom does not show')
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td><code>{html.escape(v)}</code></td></tr>"
+                   for k, v in figures.items())
+    return f'<div class="ptlab-verdict">{verdict}</div><table class="ptlab-figures">{rows}</table>'
+
+
+class PitfallWidget(widgets.VBox):
+    """Title, symptom, marked code, a bug toggle, a Run button, figures, a plot, why and how to catch it."""
+
+    def __init__(self, record: Pitfall):
+        self.record = record
+        self.bug_toggle = widgets.Checkbox(value=True, description="bug on", indent=False)
+        self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
+        self.status = widgets.Label(value="press Run")
+        self.output = widgets.Output()
+        self.last_outcome = None
+        self.run_button.on_click(lambda _: self.run())
+        header = widgets.HTML(
+            f"<h4 style='margin:4px 0'>{html.escape(record.title)}</h4>"
+            f"<div><i>Symptom:</i> {html.escape(record.symptom)} "
+            f"<span style='color:#888'>[{record.id}, chapter {record.chapter}]</span></div>")
+        explanation = widgets.HTML(
+            f"<div><b>Why:</b> {html.escape(record.why)}</div>"
+            f"<div><b>Catch it in your code:</b> {html.escape(record.catch)}</div>")
+        controls = widgets.HBox([self.bug_toggle, self.run_button, self.status])
+        super().__init__([header, widgets.HTML(code_html(record)), controls, self.output, explanation])
+        self.add_class("ptlab-pitfall")
+
+    def run(self) -> None:
+        """Run the reproduction as the toggle says and show its figures and plot in the output area."""
+        buggy = self.bug_toggle.value
+        self.run_button.disabled = True
+        self.status.value = f"running ({'bug on' if buggy else 'fixed'})…"
+        start = time.perf_counter()
+        with self.output:
+            self.output.clear_output(wait=True)
+            try:
+                outcome = self.record.run(buggy=buggy)
+            except Exception:  # show the learner everything, lose nothing
+                self.status.value = "the run raised an exception (shown below)"
+                print(traceback.format_exc())
+                return
+            finally:
+                self.run_button.disabled = False
+            self.last_outcome = outcome
+            label = "bug on" if buggy else "fixed"
+            display(widgets.HTML(f"<div class='ptlab-run' data-mode='{label}'><b>Run: {label}</b></div>"
+                                 + figures_html(outcome.formatted_figures(), outcome.broken, self.record.symptom)))
+            fig = plot_series({label: outcome}, title=self.record.title)
+            if fig is not None:
+                plt.show(fig)
+        self.status.value = f"done in {time.perf_counter() - start:.1f} s ({label})"
+
+    def __repr__(self) -> str:
+        return f"PitfallWidget({self.record.id!r})"
+
+
+def show_pitfall(pitfall_id: str) -> PitfallWidget:
+    """The interactive widget for one pitfall (the notebook displays it)."""
+    return PitfallWidget(get_pitfall(pitfall_id))

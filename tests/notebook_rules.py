@@ -1,0 +1,91 @@
+"""What a committed notebook must satisfy; shared by the hygiene tests and their own tests."""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import ptlab
+from ptlab.nbrun import cell_marks, code_cells
+
+ROOT = Path(__file__).resolve().parent.parent
+WARNING_WORDS = ("FutureWarning", "DeprecationWarning")
+
+
+def ptlab_exports() -> set[str]:
+    """Public functions and classes defined anywhere in the ptlab package."""
+    names = set(ptlab.__all__)
+    for info in pkgutil.walk_packages(ptlab.__path__, prefix="ptlab."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) \
+                    and getattr(obj, "__module__", "") == module.__name__:
+                names.add(name)
+    return names
+
+
+def machine_path_pattern() -> re.Pattern:
+    """Absolute paths of this machine that must never reach a committed output."""
+    roots = {str(ROOT), str(ROOT.parent), tempfile.gettempdir(), os.path.expanduser("~"), sys.prefix}
+    roots = {r for r in roots if r not in ("/", "")}
+    return re.compile("|".join(re.escape(r) + r"(/|\b)" for r in sorted(roots, key=len, reverse=True)))
+
+
+def _code_without_magics(source: str) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def defined_names(nb) -> set[str]:
+    """Functions and classes a notebook defines at any depth."""
+    names = set()
+    for cell in code_cells(nb):
+        for node in ast.walk(ast.parse(_code_without_magics(cell.source))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+    return names
+
+
+def output_text(output) -> str:
+    if output.output_type == "stream":
+        return output.text
+    if output.output_type == "error":
+        return "\n".join(output.traceback)
+    return "\n".join(str(v) for k, v in output.get("data", {}).items() if not k.startswith("image/"))
+
+
+def problems(nb) -> list[str]:
+    """Every hygiene rule this notebook breaks, as readable lines."""
+    found = []
+    cells = code_cells(nb)
+    counts = [c.execution_count for c in cells]
+    if None in counts:
+        found.append(f"{counts.count(None)} of {len(cells)} code cells have no stored execution "
+                     "(strict nbval checks nothing there): run `make notebooks`")
+    elif counts != list(range(1, len(cells) + 1)):
+        found.append(f"execution counts {counts} are not 1..{len(cells)}: re-run top to bottom with `make notebooks`")
+    pattern = machine_path_pattern()
+    for i, cell in enumerate(cells):
+        where = f"code cell {i} ({cell.source.strip().splitlines()[0][:50]!r})"
+        if not cell.outputs:
+            found.append(f"{where} has no stored output: show what it did")
+        for output in cell.outputs:
+            text = output_text(output)
+            if output.output_type == "error" and "NBVAL_RAISES_EXCEPTION" not in cell_marks(cell):
+                found.append(f"{where} stores an error: {output.ename}: {output.evalue[:80]}")
+            if pattern.search(text):
+                found.append(f"{where} shows a path of this machine")
+            for word in WARNING_WORDS:
+                if word in text:
+                    found.append(f"{where} shows a {word}: a deprecated API must not be taught")
+    clashes = defined_names(nb) & ptlab_exports()
+    if clashes:
+        found.append(f"defines {sorted(clashes)}, which ptlab exports: import them instead")
+    return found
