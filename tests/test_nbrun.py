@@ -1,0 +1,33 @@
+"""Notebook running helpers: discovery, checked share, budgets."""
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from ptlab.nbrun import NotebookRun, budget_problems, checked_fraction, notebook_paths
+
+
+def test_checked_fraction_counts_skip_and_ignore():
+    nb = new_notebook(cells=[new_code_cell("# NBVAL_IGNORE_OUTPUT\n1"), new_code_cell("# NBVAL_SKIP\n2"),
+                             new_code_cell("3"), new_code_cell("4"), new_code_cell("   "), new_markdown_cell("x")])
+    assert checked_fraction(nb) == 0.5
+
+
+def test_budget_problems_name_each_overrun():
+    ok = NotebookRun(Path("a.ipynb"), 50.0, 5.0, 3, 900.0, 0.9)
+    assert budget_problems(ok) == []
+    bad = NotebookRun(Path("a.ipynb"), 130.0, 25.0, 7, 4000.0, 0.5)
+    text = " ".join(budget_problems(bad))
+    for part in ("130 s > 120 s", "cell 7 took 25 s", "4000 MiB", "50% of code cells"):
+        assert part in text
+
+
+def test_notebook_paths_finds_solutions_and_skips_checkpoints(tmp_path):
+    for rel in ("01_a.ipynb", "solutions/01_a.ipynb", ".ipynb_checkpoints/01_a-checkpoint.ipynb"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(new_notebook(), tmp_path / rel)
+    found = [p.relative_to(tmp_path).as_posix() for p in notebook_paths([tmp_path])]
+    assert found == ["01_a.ipynb", "solutions/01_a.ipynb"]
+    with pytest.raises(FileNotFoundError, match="not a notebook"):
+        notebook_paths([tmp_path / "missing.ipynb"])
