@@ -1,0 +1,340 @@
+"""The embedded dataset: CIFAR-10-shaped synthetic shapes, made by a deterministic numpy generator.
+
+Ten classes of 32x32 RGB glyphs on textured, cluttered, noisy backgrounds. Every class is
+invariant under a horizontal flip, except that ``arrow_up`` and ``arrow_down`` are exact
+vertical flips of each other: horizontal-flip augmentation is safe, vertical flip is not.
+The arrays live in one file, ``data/ptlab_shapes_v1.npz``, checked by sha256 on first load.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+CLASSES: tuple[str, ...] = (
+    "arrow_up", "arrow_down", "circle", "ring", "square",
+    "frame", "triangle", "cross", "star", "stripes",
+)
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATASET_FILE = DATA_DIR / "ptlab_shapes_v1.npz"
+DATASET_SHA256 = "6a6b6dcbd0e01e34fc021fc48f009607737ef24ea5b867ca0066a749bc29523a"
+# Per-channel mean and std of the train split, 0-1 scale (tests/test_data.py checks them).
+MEAN: tuple[float, float, float] = (0.4993, 0.5006, 0.4981)
+STD: tuple[float, float, float] = (0.2602, 0.2598, 0.2614)
+
+DATASET_ENV = "PTLAB_DATASET"
+DATA_ROOT_ENV = "PTLAB_DATA_ROOT"
+DATASET_NAMES = ("embedded", "cifar10")
+_FIX_HINT = "restore it with `git checkout data/ptlab_shapes_v1.npz` or rebuild it with `python -m ptlab data --rebuild`"
+
+# ---------------------------------------------------------------- the generator (pure numpy)
+_SIZE = 32
+_SUPER = 2  # shapes are drawn at 64x64 and averaged 2x2: anti-aliased edges
+_ARROW_TILT = np.deg2rad(25.0)  # arrows lean at most this far; every other shape turns freely
+
+# Pixel-centre coordinates of the supersampled grid, in [-1, 1]; y grows downwards like rows.
+_g = (np.arange(_SIZE * _SUPER) + 0.5) / (_SIZE * _SUPER) * 2.0 - 1.0
+_GY, _GX = np.meshgrid(_g, _g, indexing="ij")
+_cy = (np.arange(_SIZE) + 0.5) / _SIZE * 2.0 - 1.0
+_CY, _CX = np.meshgrid(_cy, _cy, indexing="ij")
+
+
+def shape_mask(name: str, x: np.ndarray, y: np.ndarray, thickness: float = 0.3) -> np.ndarray:
+    """Boolean mask of a class's glyph in its own frame (x right, y down, glyph within [-1, 1])."""
+    r = np.hypot(x, y)
+    box = np.maximum(np.abs(x), np.abs(y))
+    if name == "arrow_up":  # head on top (negative y), shaft below
+        head = (y > -0.95) & (y < 0.05) & (np.abs(x) < (y + 0.95) * 0.9)
+        shaft = (y >= 0.05) & (y < 0.95) & (np.abs(x) < thickness * 0.9)
+        return head | shaft
+    if name == "arrow_down":  # exactly arrow_up seen in a vertical mirror
+        return shape_mask("arrow_up", x, -y, thickness)
+    if name == "circle":
+        return r < 0.85
+    if name == "ring":
+        return (r < 0.9) & (r > 0.9 - thickness)
+    if name == "square":
+        return box < 0.7
+    if name == "frame":
+        return (box < 0.75) & (box > 0.75 - thickness * 0.8)
+    if name == "triangle":  # equilateral, centred on its centroid
+        return (y < 0.5) & (np.abs(x) * 1.732 < y + 1.0) & (y > -1.0)
+    if name == "cross":
+        arm = thickness * 0.9
+        return ((np.abs(x) < arm) & (np.abs(y) < 0.9)) | ((np.abs(y) < arm) & (np.abs(x) < 0.9))
+    if name == "star":  # five points, one straight up
+        theta = np.arctan2(x, -y)
+        return r < 0.38 + 0.55 * np.abs(np.cos(2.5 * theta)) ** 3
+    if name == "stripes":  # three bars in a round patch
+        return (r < 0.9) & (np.cos(x * np.pi * 2.6) > 0.1)
+    raise ValueError(f"unknown class name {name!r}; expected one of {CLASSES}")
+
+
+def _texture(rng: np.random.Generator, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """A banded background, two colours blended along a gentle wave: (32, 32, 3) float and its mean colour."""
+    c1, c2 = rng.uniform(0, 255, size=(2, 3))
+    phi = rng.uniform(0, 2 * np.pi)
+    freq = rng.uniform(0.5, 4.0)
+    t = 0.5 + 0.5 * np.sin(freq * (_CX * np.cos(phi) + _CY * np.sin(phi)) + rng.uniform(0, 2 * np.pi))
+    t = np.round(t * levels) / levels  # flat bands compress far better than a smooth ramp
+    return c1 + (c2 - c1) * t[..., None], (c1 + c2) / 2
+
+
+def _paint(img: np.ndarray, mask64: np.ndarray, colour: np.ndarray) -> None:
+    """Alpha-blend a colour into img (32, 32, 3) where the supersampled mask is set."""
+    alpha = mask64.reshape(_SIZE, _SUPER, _SIZE, _SUPER).mean(axis=(1, 3))[..., None]
+    img *= 1.0 - alpha
+    img += alpha * colour
+
+
+def _local(cx: float, cy: float, scale: float, angle: float) -> tuple[np.ndarray, np.ndarray]:
+    """Grid coordinates in the frame of a glyph centred at (cx, cy), of half-size scale, turned by angle."""
+    dx, dy = _GX - cx, _GY - cy
+    c, s = np.cos(angle), np.sin(angle)
+    return (c * dx + s * dy) / scale, (-s * dx + c * dy) / scale
+
+
+def _draw(rng: np.random.Generator, label: int, p: dict) -> np.ndarray:
+    """One uint8 image (32, 32, 3) of class `label`; all randomness comes from rng."""
+    img, background = _texture(rng, p["levels"])
+    for _ in range(rng.integers(0, p["max_clutter"] + 1)):  # clutter: short strokes and blobs
+        x0, y0 = rng.uniform(-1, 1, size=2)
+        if rng.random() < 0.5:
+            ang = rng.uniform(0, np.pi)
+            lx, ly = _local(x0, y0, 1.0, ang)
+            m = (np.abs(lx) < rng.uniform(0.2, 0.6)) & (np.abs(ly) < rng.uniform(0.03, 0.08))
+        else:
+            m = np.hypot(_GX - x0, _GY - y0) < rng.uniform(0.06, 0.18)
+        _paint(img, m, rng.uniform(0, 255, size=3))
+    name = CLASSES[label]
+    scale = rng.uniform(*p["scale"])
+    room = max(1.0 - scale, 0.0) + p["overhang"]
+    cx, cy = rng.uniform(-room, room, size=2)
+    if name.startswith("arrow"):
+        angle = rng.uniform(-_ARROW_TILT, _ARROW_TILT)
+    else:
+        angle = rng.uniform(0, 2 * np.pi)
+    lx, ly = _local(cx, cy, scale, angle)
+    for _ in range(50):  # a colour at least p["contrast"] away (RGB distance) from the background's mean
+        colour = rng.uniform(0, 255, size=3)
+        if np.linalg.norm(colour - background) >= p["contrast"]:
+            break
+    _paint(img, shape_mask(name, lx, ly, thickness=rng.uniform(0.22, 0.38)), colour)
+    if rng.random() < p["occlusion"]:  # a patch that hides part of the glyph
+        ox, oy = rng.uniform(-0.8, 0.8, size=2)
+        hw, hh = rng.uniform(0.15, 0.45, size=2)
+        m = (np.abs(_GX - ox) < hw) & (np.abs(_GY - oy) < hh)
+        _paint(img, m, rng.uniform(0, 255, size=3))
+    sigma = rng.uniform(*p["noise"])
+    step = p["noise_step"]
+    noise = np.round(rng.normal(0.0, sigma, size=(_SIZE, _SIZE, 1)) / step) * step  # grey, quantised
+    noise *= rng.random((_SIZE, _SIZE, 1)) < p["noise_density"]
+    return np.clip(np.round(img + noise), 0, 255).astype(np.uint8)
+
+
+# Difficulty knobs, calibrated so SmallCNN reaches ~89% test accuracy in 7 epochs (about 50 s on 2 CPU cores).
+_PARAMS = {
+    "scale": (0.5, 0.9),      # glyph half-size, as a fraction of half the image
+    "overhang": 0.1,          # how far past the border the glyph's centre may wander
+    "max_clutter": 2,         # distracting strokes and blobs under the glyph
+    "occlusion": 0.15,        # chance of a patch painted over the glyph
+    "contrast": 110.0,        # least RGB distance between glyph colour and mean background colour
+    "noise": (4.0, 14.0),     # std of the grey pixel noise, drawn per image
+    "noise_step": 8,          # noise is quantised to this step ...
+    "noise_density": 0.3,     # ... and touches this share of pixels: the file stays small
+    "levels": 6,              # background bands (flat bands compress far better than ramps)
+}
+
+
+def generate_images(seed: int | tuple[int, ...], n: int, params: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """n balanced images (n, 32, 32, 3) uint8 and labels (n,) int64, deterministic in seed."""
+    if n % len(CLASSES):
+        raise ValueError(f"n must be a multiple of {len(CLASSES)} for balanced classes, got {n}")
+    p = {**_PARAMS, **(params or {})}
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % len(CLASSES)).astype(np.int64)
+    images = np.empty((n, _SIZE, _SIZE, 3), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        images[i] = _draw(rng, int(label), p)
+    return images, labels
+
+
+def generate_dataset(seed: int = 0, n_train: int = 8000, n_test: int = 2000) -> dict[str, np.ndarray]:
+    """The whole dataset as numpy arrays; train and test come from independent streams of one seed."""
+    train_images, train_labels = generate_images((seed, 0), n_train)
+    test_images, test_labels = generate_images((seed, 1), n_test)
+    return {"train_images": train_images, "train_labels": train_labels,
+            "test_images": test_images, "test_labels": test_labels}
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez_compressed, but byte-for-byte reproducible: fixed timestamps and attributes in the zip."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for key, array in arrays.items():
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3                  # "unix" on every OS
+            info.external_attr = 0o644 << 16
+            with archive.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def rebuild_dataset(path: str | Path | None = None) -> str:
+    """Regenerate the dataset file from seed 0 and return its sha256 (equal to DATASET_SHA256)."""
+    path = Path(path) if path is not None else DATASET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = generate_dataset(seed=0)
+    tmp = path.with_name(path.name + ".tmp")
+    _write_npz(tmp, arrays)
+    tmp.replace(path)
+    _load_file.cache_clear()
+    return _sha256(path)
+
+
+# ---------------------------------------------------------------- loading and checking the file
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_dataset(path: str | Path | None = None) -> str:
+    """The sha256 of the dataset file, or DatasetError if it is missing, unreadable or changed."""
+    path = Path(path) if path is not None else DATASET_FILE
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} is missing; {_FIX_HINT}")
+    try:
+        found = _sha256(path)
+    except OSError as err:
+        raise DatasetError(f"dataset file {path} cannot be read ({err}); {_FIX_HINT}") from err
+    if found != DATASET_SHA256:
+        raise DatasetError(f"dataset file {path} is corrupted or changed: sha256 {found[:12]}... "
+                           f"but expected {DATASET_SHA256[:12]}...; {_FIX_HINT}")
+    return found
+
+
+class DatasetError(RuntimeError):
+    """The embedded dataset file is missing, unreadable or not the file this ptlab version expects."""
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: Path) -> dict[str, np.ndarray]:
+    verify_dataset(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in ("train_images", "train_labels", "test_images", "test_labels")}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise DatasetError(f"dataset file {path} cannot be read ({err}); {_FIX_HINT}") from err
+    for array in arrays.values():
+        array.setflags(write=False)  # shared by every caller in this process: keep it read-only
+    return arrays
+
+
+def load_arrays(train: bool = True, path: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 32, 32, 3) uint8 and labels (N,) int64 of one split, verified once, cached per process."""
+    path = Path(path).resolve() if path is not None else DATASET_FILE
+    arrays = _load_file(path)
+    split = "train" if train else "test"
+    return arrays[f"{split}_images"], arrays[f"{split}_labels"]
+
+
+class EmbeddedImages(Dataset):
+    """The embedded dataset in the shape of torchvision.datasets.CIFAR10, yielding uint8 (3, 32, 32) tensors."""
+
+    def __init__(self, train: bool = True, transform: Callable | None = None,
+                 target_transform: Callable | None = None, path: str | Path | None = None) -> None:
+        self.train = bool(train)
+        self.transform = transform
+        self.target_transform = target_transform
+        images, labels = load_arrays(self.train, path)
+        self.data: np.ndarray = images                                         # (N, 32, 32, 3) uint8, like CIFAR10
+        self.targets: list[int] = labels.tolist()
+        self.classes: list[str] = list(CLASSES)
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(CLASSES)}
+        self._images = torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous()  # (N, 3, 32, 32) uint8
+        self._labels = torch.from_numpy(labels.copy())                                   # (N,) int64
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image, target = self._images[index], self.targets[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def __repr__(self) -> str:
+        lines = [f"Dataset {type(self).__name__}", f"    Number of datapoints: {len(self)}",
+                 f"    Split: {'Train' if self.train else 'Test'}", f"    Classes: {', '.join(self.classes)}"]
+        if self.transform is not None:
+            lines.append("    Transform: " + repr(self.transform).replace("\n", "\n    "))
+        if self.target_transform is not None:
+            lines.append("    Target transform: " + repr(self.target_transform).replace("\n", "\n    "))
+        return "\n".join(lines)
+
+
+def make_transform(augment: bool = False):
+    """The course's v2 pipeline: ToImage, (RandomCrop(32, padding=4) + RandomHorizontalFlip,) float, Normalize."""
+    from torchvision.transforms import v2
+
+    steps = [v2.ToImage()]  # PIL (CIFAR10, ImageFolder) or uint8 tensor (EmbeddedImages): same pipeline
+    if augment:
+        steps += [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    return v2.Compose(steps)
+
+
+def to_float_tensors(train: bool = True, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole split as normalised float32 (N, 3, 32, 32) and int64 labels (N,), for full-batch work."""
+    images, labels = load_arrays(train)
+    X = torch.from_numpy(images.copy()).permute(0, 3, 1, 2).float().div_(255)       # (N, 3, 32, 32) in [0, 1]
+    X = (X - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    return X.contiguous().to(device), torch.from_numpy(labels.copy()).to(device)
+
+
+def load_dataset(train: bool = True, transform: Callable | None = None, name: str | None = None,
+                 root: str | Path | None = None) -> Dataset:
+    """The embedded dataset, or real CIFAR-10 (downloaded) when name or $PTLAB_DATASET says "cifar10".
+
+    CIFAR10 yields PIL images, EmbeddedImages uint8 tensors: start transforms with v2.ToImage()
+    (as make_transform does) and the same code runs on both.
+    """
+    chosen = name if name is not None else os.environ.get(DATASET_ENV, "embedded")
+    chosen = str(chosen).strip().lower()
+    if chosen == "embedded":
+        return EmbeddedImages(train=train, transform=transform)
+    if chosen == "cifar10":
+        from torchvision.datasets import CIFAR10
+
+        root = root or os.environ.get(DATA_ROOT_ENV) or Path.home() / ".cache" / "ptlab"
+        return CIFAR10(root=str(root), train=train, transform=transform, download=True)
+    source = "name" if name is not None else f"${DATASET_ENV}"
+    raise ValueError(f"{source}={chosen!r} is not a dataset ptlab knows; use one of {', '.join(DATASET_NAMES)}")
+
+
+def export_image_folder(dest: str | Path, train: bool = True, per_class: int | None = None) -> Path:
+    """Write the split as dest/<class>/<index>.png so torchvision.datasets.ImageFolder(dest) can read it."""
+    from PIL import Image
+
+    if per_class is not None and (not isinstance(per_class, int) or per_class < 1):
+        raise ValueError(f"per_class must be a positive int or None, got {per_class!r}")
+    dest = Path(dest)
+    images, labels = load_arrays(train)
+    for label, name in enumerate(CLASSES):
+        folder = dest / name
+        folder.mkdir(parents=True, exist_ok=True)
+        indices = np.flatnonzero(labels == label)[:per_class]
+        for index in indices:
+            Image.fromarray(images[index]).save(folder / f"{index:05d}.png")
+    return dest

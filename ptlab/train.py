@@ -1,0 +1,261 @@
+"""The reference training loop: train_one_epoch, evaluate and fit, for any (X, y) loader and classifier."""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class History:
+    """Per-epoch curves from fit(); `seconds` is the wall time of each epoch (train + evaluate)."""
+
+    epoch: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    train_acc: list[float] = field(default_factory=list)
+    test_loss: list[float] = field(default_factory=list)
+    test_acc: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.epoch)
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time of all epochs together."""
+        return float(sum(self.seconds))
+
+    def as_dict(self) -> dict[str, list]:
+        """The curves as a plain dict of lists (for json or pandas)."""
+        return asdict(self)
+
+    def plot(self, title: str | None = None):
+        """Loss and accuracy curves, train and test, as a matplotlib Figure (closed in pyplot: shown once)."""
+        import matplotlib.pyplot as plt
+
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+        plt.close(fig)  # nothing stays open; a notebook still renders the returned Figure
+        for ax, key, label in ((ax_loss, "loss", "loss"), (ax_acc, "acc", "accuracy")):
+            ax.plot(self.epoch, getattr(self, f"train_{key}"), marker="o", label="train")
+            ax.plot(self.epoch, getattr(self, f"test_{key}"), marker="o", label="test")
+            ax.set_xlabel("epoch")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        if title:
+            fig.suptitle(title)
+        return fig
+
+
+def _resolve_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    """The device given, else the device of the model's first parameter or buffer, else cpu."""
+    if device is not None:
+        return torch.device(device)
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+def _check_loader(loader: Any, name: str) -> None:
+    if isinstance(loader, (torch.Tensor, str, bytes)) or not isinstance(loader, Iterable):
+        raise TypeError(f"{name} must be an iterable of (inputs, targets) batches such as a DataLoader, "
+                        f"got {type(loader).__name__}")
+    with contextlib.suppress(TypeError):
+        if len(loader) == 0:
+            raise ValueError(f"{name} is empty: it yields no batches (check the dataset size and drop_last)")
+
+
+def _unpack(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move an (inputs, targets) batch to device; anything else is a TypeError."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"the loader must yield (inputs, targets) pairs, got {type(batch).__name__}"
+                        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    X, y = batch
+    if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"inputs and targets must be tensors, got {type(X).__name__} and {type(y).__name__}")
+    return X.to(device), y.to(device)
+
+
+def _correct(logits: torch.Tensor, y: torch.Tensor) -> int:
+    if logits.ndim != 2:
+        raise ValueError(f"the model must return logits of shape (batch, num_classes), got {tuple(logits.shape)}")
+    return int((logits.argmax(dim=1) == y).sum())
+
+
+def train_one_epoch(
+    model: nn.Module,
+    loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    max_batches: int | None = None,
+    progress: bool = False,
+    scheduler: Any = None,
+) -> dict[str, float]:
+    """One pass over loader in train mode; returns mean loss, accuracy, examples seen, batches and seconds.
+
+    A `scheduler` given here is stepped after every optimizer step (e.g. OneCycleLR).
+    """
+    _check_model(model)
+    _check_loader(loader, "loader")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
+        raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
+    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    device = _resolve_device(model, device)
+    model.train()
+    total_loss, correct, seen, batches = 0.0, 0, 0, 0
+    start = time.perf_counter()
+    bar = tqdm(loader, desc="train", leave=False, disable=not progress)
+    for batch in bar:
+        X, y = _unpack(batch, device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = model(X)                      # (B, num_classes)
+            loss = loss_fn(logits, y)              # mean over the batch
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        total_loss += loss.item() * len(y)
+        correct += _correct(logits.detach(), y)
+        seen += len(y)
+        batches += 1
+        bar.set_postfix(loss=f"{total_loss / seen:.3f}", acc=f"{correct / seen:.3f}")
+        if max_batches is not None and batches >= max_batches:
+            break
+    bar.close()
+    if seen == 0:
+        raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
+    return {"loss": total_loss / seen, "acc": correct / seen, "n": seen, "batches": batches,
+            "seconds": time.perf_counter() - start}
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module):
+    """Put every submodule in eval mode and give each back the mode it had (mixed modes survive)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, was_training in modes:
+            m.training = was_training
+
+
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Mean loss and accuracy over loader with model.eval() and torch.no_grad(); the model's modes are restored."""
+    _check_model(model)
+    _check_loader(loader, "loader")
+    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    device = _resolve_device(model, device)
+    total_loss, correct, seen = 0.0, 0, 0
+    with _eval_mode(model), torch.no_grad():
+        for batch in loader:
+            X, y = _unpack(batch, device)
+            logits = model(X)                      # (B, num_classes)
+            total_loss += loss_fn(logits, y).item() * len(y)
+            correct += _correct(logits, y)
+            seen += len(y)
+    if seen == 0:
+        raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
+    return {"loss": total_loss / seen, "acc": correct / seen, "n": seen}
+
+
+def fit(
+    model: nn.Module,
+    train_loader: Iterable,
+    test_loader: Iterable,
+    optimizer: torch.optim.Optimizer,
+    epochs: int | None = None,
+    time_budget_s: float | None = None,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+    scheduler: Any = None,
+    scheduler_step: str = "epoch",
+    scaler: torch.amp.GradScaler | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = True,
+    plot: bool = False,
+) -> History:
+    """Train for `epochs` (and/or until `time_budget_s` would be passed), evaluating after each epoch.
+
+    With a time budget, a new epoch starts only if the mean epoch time so far says it will end
+    inside the budget (the first epoch always runs). `scheduler.step()` is called once per epoch,
+    or after every batch with scheduler_step="batch" (OneCycleLR).
+    """
+    _check_model(model)
+    _check_loader(train_loader, "train_loader")
+    _check_loader(test_loader, "test_loader")
+    if epochs is None and time_budget_s is None:
+        raise ValueError("give epochs, time_budget_s or both: fit needs to know when to stop")
+    if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1):
+        raise ValueError(f"epochs must be a positive int or None, got {epochs!r}")
+    if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0
+                                          and math.isfinite(time_budget_s)):
+        raise ValueError(f"time_budget_s must be a positive number of seconds or None, got {time_budget_s!r}")
+    if scheduler_step not in ("epoch", "batch"):
+        raise ValueError(f'scheduler_step must be "epoch" or "batch", got {scheduler_step!r}')
+    device = _resolve_device(model, device)
+    history = History()
+    max_epochs = epochs if epochs is not None else 10**9
+    bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
+    start = time.perf_counter()
+    for epoch in range(1, max_epochs + 1):
+        if time_budget_s is not None and history.seconds:
+            expected_end = time.perf_counter() - start + sum(history.seconds) / len(history.seconds)
+            if expected_end > time_budget_s:
+                break
+        epoch_start = time.perf_counter()
+        train = train_one_epoch(model, train_loader, optimizer, loss_fn, device, scaler, autocast_dtype,
+                                scheduler=scheduler if scheduler_step == "batch" else None)
+        test = evaluate(model, test_loader, loss_fn, device)
+        if scheduler is not None and scheduler_step == "epoch":
+            scheduler.step()
+        history.epoch.append(epoch)
+        history.train_loss.append(train["loss"])
+        history.train_acc.append(train["acc"])
+        history.test_loss.append(test["loss"])
+        history.test_acc.append(test["acc"])
+        history.seconds.append(time.perf_counter() - epoch_start)
+        bar.update(1)
+        bar.set_postfix(train_acc=f"{train['acc']:.3f}", test_acc=f"{test['acc']:.3f}", loss=f"{train['loss']:.3f}")
+    bar.close()
+    if plot:
+        _show(history.plot())
+    return history
+
+
+def _show(fig) -> None:
+    """Display a Figure in a notebook (IPython); elsewhere do nothing."""
+    try:
+        from IPython.display import display
+    except ImportError:
+        return
+    display(fig)

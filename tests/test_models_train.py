@@ -1,0 +1,156 @@
+"""SmallCNN and the reference loop: shapes, learning on a toy problem, modes restored, clear errors."""
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ptlab.models import SmallCNN, count_parameters
+from ptlab.train import History, evaluate, fit, train_one_epoch
+
+
+def separable_loaders(n: int = 256, seed: int = 0) -> tuple[DataLoader, DataLoader]:
+    """Two Gaussian blobs in 2-D, linearly separable; train and test loaders."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    X = torch.randn(n, 2, generator=g) * 0.5 + (y[:, None] * 2 - 1) * torch.tensor([2.0, -1.0])
+    train = DataLoader(TensorDataset(X[: n // 2], y[: n // 2]), batch_size=16, shuffle=True,
+                       generator=torch.Generator().manual_seed(seed))
+    test = DataLoader(TensorDataset(X[n // 2:], y[n // 2:]), batch_size=64)
+    return train, test
+
+
+def test_small_cnn_shapes_and_size() -> None:
+    model = SmallCNN()
+    assert model(torch.zeros(4, 3, 32, 32)).shape == (4, 10)
+    assert model(torch.zeros(2, 3, 48, 40)).shape == (2, 10)  # global pooling: any image size
+    assert SmallCNN(num_classes=3, width=8)(torch.zeros(1, 3, 32, 32)).shape == (1, 3)
+    assert 50_000 < count_parameters(model) < 200_000
+    with pytest.raises(ValueError, match="width"):
+        SmallCNN(width=0)
+
+
+def test_fit_learns_a_separable_problem() -> None:
+    torch.manual_seed(0)
+    train, test = separable_loaders()
+    model = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))
+    before = evaluate(model, test)["acc"]
+    history = fit(model, train, test, torch.optim.SGD(model.parameters(), lr=0.1), epochs=5, progress=False)
+    assert isinstance(history, History) and len(history) == 5
+    assert history.epoch == [1, 2, 3, 4, 5]
+    assert history.test_acc[-1] >= 0.95 and history.test_acc[-1] > before
+    assert history.train_loss[-1] < history.train_loss[0]
+    assert all(s > 0 for s in history.seconds) and history.total_seconds > 0
+    assert set(history.as_dict()) == {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "seconds"}
+
+
+def test_fit_with_time_budget_and_batch_scheduler() -> None:
+    train, test = separable_loaders()
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    history = fit(model, train, test, opt, time_budget_s=0.2, progress=False, scheduler=sched, scheduler_step="batch")
+    assert len(history) >= 1 and history.total_seconds < 1.0
+    assert sched.last_epoch == len(history) * len(train)
+    history = fit(model, train, test, opt, epochs=2, time_budget_s=60, progress=False)
+    assert len(history) == 2  # whichever limit comes first
+
+
+def test_train_one_epoch_reports_and_limits_batches() -> None:
+    train, _ = separable_loaders()
+    model = nn.Linear(2, 2)
+    out = train_one_epoch(model, train, torch.optim.SGD(model.parameters(), lr=0.1), max_batches=3)
+    assert out["batches"] == 3 and out["n"] == 48
+    assert 0.0 <= out["acc"] <= 1.0 and out["loss"] > 0
+    assert model.training
+
+
+def test_evaluate_restores_modes_and_needs_no_grad() -> None:
+    model = nn.Sequential(nn.Linear(2, 4), nn.Dropout(0.5), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    _, test = separable_loaders()
+    model.train()
+    model[2].eval()  # a frozen BatchNorm inside a training model: mixed modes must survive
+    seen_modes = []
+    model.register_forward_hook(lambda m, i, o: seen_modes.append((m.training, torch.is_grad_enabled())))
+    evaluate(model, test)
+    assert set(seen_modes) == {(False, False)}
+    assert model.training and model[1].training and not model[2].training
+    model.eval()
+    evaluate(model, test)
+    assert not model.training
+
+
+def test_evaluate_is_deterministic_for_a_fixed_model() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    _, test = separable_loaders()
+    assert evaluate(model, test) == evaluate(model, test)  # dropout is off in eval mode
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    train, test = separable_loaders()
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="epochs, time_budget_s"):
+        fit(model, train, test, opt, progress=False)
+    with pytest.raises(ValueError, match="epochs must be"):
+        fit(model, train, test, opt, epochs=0, progress=False)
+    with pytest.raises(ValueError, match="time_budget_s must be"):
+        fit(model, train, test, opt, time_budget_s=-1, progress=False)
+    with pytest.raises(ValueError, match="scheduler_step"):
+        fit(model, train, test, opt, epochs=1, scheduler_step="step", progress=False)
+    empty = DataLoader(TensorDataset(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long)), batch_size=4)
+    with pytest.raises(ValueError, match="empty"):
+        train_one_epoch(model, empty, opt)
+    with pytest.raises(ValueError, match="no batches"):
+        evaluate(model, iter([]))  # a generator has no len(): caught after the loop
+    with pytest.raises(TypeError, match="model must be"):
+        evaluate(lambda x: x, test)
+    with pytest.raises(TypeError, match="optimizer must be"):
+        train_one_epoch(model, train, "sgd")
+    with pytest.raises(TypeError, match="iterable of"):
+        evaluate(model, torch.zeros(4, 2))
+    with pytest.raises(TypeError, match=r"\(inputs, targets\) pairs"):
+        evaluate(model, [torch.zeros(4, 2)])
+    with pytest.raises(ValueError, match="logits of shape"):
+        evaluate(nn.Flatten(0), [(torch.zeros(4, 2), torch.zeros(8, dtype=torch.long))], loss_fn=lambda o, y: o.sum())
+
+
+def test_plot_returns_a_figure_and_leaves_nothing_open() -> None:
+    import matplotlib.pyplot as plt
+
+    train, test = separable_loaders()
+    model = nn.Linear(2, 2)
+    open_before = plt.get_fignums()
+    history = fit(model, train, test, torch.optim.SGD(model.parameters(), lr=0.1), epochs=2, progress=False)
+    fig = history.plot(title="toy")
+    assert isinstance(fig, matplotlib.figure.Figure) and len(fig.axes) == 2
+    assert plt.get_fignums() == open_before
+
+
+def calibrated_run(epochs: int = 7, augment: bool = True, seed: int = 0) -> History:
+    """The chapter 4 recipe: SmallCNN, AdamW + OneCycleLR, batch 64, crop + flip augmentation."""
+    from ptlab.data import EmbeddedImages, make_transform
+
+    torch.manual_seed(seed)
+    train_set = EmbeddedImages(train=True, transform=make_transform(augment=augment))
+    test_set = EmbeddedImages(train=False, transform=make_transform(augment=False))
+    train_loader = DataLoader(train_set, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    test_loader = DataLoader(test_set, batch_size=500)
+    model = SmallCNN()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=4e-3, total_steps=epochs * len(train_loader))
+    return fit(model, train_loader, test_loader, optimizer, epochs=epochs, scheduler=scheduler,
+               scheduler_step="batch", progress=False)
+
+
+@pytest.mark.slow
+def test_small_cnn_difficulty_contract() -> None:
+    """The embedded dataset is neither trivial nor hopeless: 80-95% test accuracy in about a minute."""
+    history = calibrated_run()
+    for i in range(len(history)):
+        print(f"epoch {history.epoch[i]}: train acc {history.train_acc[i]:.3f} test acc {history.test_acc[i]:.3f} "
+              f"({history.seconds[i]:.1f} s)")
+    assert 0.80 <= history.test_acc[-1] <= 0.95
