@@ -37,8 +37,9 @@ def code_cells(nb) -> list:
 
 
 def cell_marks(cell) -> set[str]:
-    """The NBVAL_* markers written in a cell's comments."""
-    return set(re.findall(r"#\s*(NBVAL_[A-Z_]+)", cell.source))
+    """The NBVAL_* markers in a cell, read as nbval reads them: a comment line holding only the marker."""
+    comments = (line.strip().lstrip("#").strip() for line in cell.source.splitlines() if line.strip().startswith("#"))
+    return {c for c in comments if re.fullmatch(r"NBVAL_[A-Z_]+", c)}
 
 
 def checked_fraction(nb) -> float:

@@ -76,6 +76,10 @@ def problems(nb) -> list[str]:
         where = f"code cell {i} ({cell.source.strip().splitlines()[0][:50]!r})"
         if not cell.outputs:
             found.append(f"{where} has no stored output: show what it did")
+        for line in cell.source.splitlines():
+            comment = line.strip().lstrip("#").strip() if line.strip().startswith("#") else ""
+            if comment.startswith("NBVAL_") and comment not in cell_marks(cell):
+                found.append(f"{where}: nbval ignores {comment!r}; put the marker alone on its comment line")
         for output in cell.outputs:
             text = output_text(output)
             if output.output_type == "error" and "NBVAL_RAISES_EXCEPTION" not in cell_marks(cell):

@@ -110,8 +110,10 @@ def test_the_rules_catch_each_defect():
         new_code_cell("import torch", execution_count=4, outputs=[new_output(
             "stream", name="stderr", text="FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated\n")]),
         new_code_cell("def claim(s, ok):\n    pass", execution_count=5, outputs=[]),
+        new_code_cell("# NBVAL_IGNORE_OUTPUT  (timings)\nprint(1)", execution_count=6,
+                      outputs=[new_output("stream", name="stdout", text="1\n")]),
     ]
     found = "\n".join(problems(nb))
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
-                     "FutureWarning", "has no stored output", "defines ['claim']"):
+                     "FutureWarning", "has no stored output", "defines ['claim']", "nbval ignores"):
         assert expected in found, f"{expected!r} not reported in:\n{found}"

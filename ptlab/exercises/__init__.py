@@ -14,7 +14,15 @@ __all__ = ["Exercise", "exercise", "check", "all_exercises", "NotAttempted", "Wr
 
 _REGISTRY: dict[str, "Exercise"] = {}
 
-NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"
+NOT_ATTEMPTED, WRONG, CORRECT = "not attempted", "wrong", "correct"  # the Verdict values
+
+
+class Verdict(str):
+    """'correct', 'wrong' or 'not attempted'; already printed, so a notebook shows it only once."""
+
+    def _ipython_display_(self) -> None:
+        # check() printed the verdict; without this the cell would echo it as a result as well.
+        pass
 
 
 class NotAttempted(Exception):
@@ -65,7 +73,7 @@ def is_stub(answer: Any) -> bool:
     return answer is Ellipsis
 
 
-def check(exercise_id: str, answer: Any) -> str:
+def check(exercise_id: str, answer: Any) -> "Verdict":
     """Check a learner's answer, print one line, and return 'correct', 'wrong' or 'not attempted'."""
     _load_topics()
     if exercise_id not in _REGISTRY:
@@ -77,16 +85,16 @@ def check(exercise_id: str, answer: Any) -> str:
         ex.checker(answer)
     except NotAttempted:
         print(f"○ {ex.id}: not attempted yet. Task: {ex.task}")
-        return NOT_ATTEMPTED
+        return Verdict(NOT_ATTEMPTED)
     except Wrong as wrong:
         detail = f" {wrong}" if str(wrong) else ""
         print(f"✘ {ex.id}: not yet.{detail} Hint: {ex.hint}")
-        return WRONG
+        return Verdict(WRONG)
     except Exception as err:  # the learner's code raised: say so, with the hint
         print(f"✘ {ex.id}: your answer raised {type(err).__name__}: {err}. Hint: {ex.hint}")
-        return WRONG
+        return Verdict(WRONG)
     print(f"✔ {ex.id}: correct.")
-    return CORRECT
+    return Verdict(CORRECT)
 
 
 def calls_stub(fn: Callable[..., Any], *args: Any) -> Any:

@@ -67,6 +67,10 @@ class PitfallComparison:
     def __repr__(self) -> str:
         return self.table()
 
+    def _ipython_display_(self) -> None:
+        # compare_pitfall() already printed the table; `print(comparison)` shows it again.
+        pass
+
 
 def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
     """Run a pitfall buggy and fixed, print the figures side by side, and assert the contract."""
