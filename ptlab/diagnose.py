@@ -1,0 +1,480 @@
+"""A gradient-flow detector: which parameters get no gradient, why, and where the graph was cut.
+
+`diagnose_gradients(model, loss=...)` inspects a loss you computed; `diagnose_gradients(model,
+batch=(X, y), loss_fn=...)` runs one forward pass itself, watching every torch call and module,
+so it can name the op (detach, .data, no_grad, .item(), argmax...) and the module that cut the
+graph. Parameters, their .grad, buffers and the RNG are left as they were.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+# What each cause means, in the words the report prints.
+CAUSES = {
+    "frozen": "requires_grad is False",
+    "unregistered": "held in a plain list, dict or tensor attribute: invisible to parameters(), "
+                    "so the optimizer never updates it",
+    "detach": "the graph was cut by detach()",
+    "data": "the graph was cut by .data",
+    "no_grad": "computed under torch.no_grad() inside forward",
+    "inference_mode": "computed under torch.inference_mode() inside forward",
+    "round-trip": "left the graph through .item(), .numpy() or .tolist() and came back as a new tensor",
+    "non-differentiable": "reached the loss only through an op with an integer or bool result "
+                          "(argmax, a comparison, an integer cast)",
+    "unused": "never used in forward",
+    "output-unused": "used in forward, but that result never reaches the loss",
+    "not-in-graph": "not in the loss's graph (pass batch= to find where it was cut)",
+    "zero": "the gradient is exactly 0",
+    "vanishing": "the gradient is vanishingly small compared with the other parameters'",
+    "non-finite": "the gradient holds NaN or inf",
+}
+_LEAVE_GRAPH = {"item", "tolist", "numpy", "__float__", "__int__", "__index__"}
+_REWRAP = {"tensor", "as_tensor", "from_numpy", "asarray"}
+_LOSS_FN = "(loss_fn)"
+_MUTATING_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One parameter with a problem: its name, owning module, the cause and a readable detail."""
+
+    parameter: str
+    module: str
+    cause: str
+    detail: str
+
+    @property
+    def explanation(self) -> str:
+        return CAUSES[self.cause]
+
+
+@dataclass
+class _CutEvent:
+    """A torch call inside forward whose input carried the graph and whose result does not."""
+
+    op: str
+    kind: str
+    module: str
+    graph_inputs: list[torch.Tensor]
+    ancestors: frozenset[int] = frozenset()     # earlier cut events its input descends from
+
+
+@dataclass
+class GradientReport:
+    """What diagnose_gradients found; print it for a table, use .healthy in assertions."""
+
+    parameters: list[str]
+    missing: list[Finding] = field(default_factory=list)
+    weak: list[Finding] = field(default_factory=list)
+    unregistered: list[Finding] = field(default_factory=list)
+    first_cut_module: str | None = None
+    backward_error: str | None = None
+    inplace_ops: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [*self.unregistered, *self.missing, *self.weak]
+
+    @property
+    def healthy(self) -> bool:
+        """True when every parameter is registered and got a finite, non-vanishing gradient."""
+        return not self.findings and self.backward_error is None
+
+    @property
+    def causes(self) -> dict[str, str]:
+        """Parameter name -> cause, for every finding."""
+        return {f.parameter: f.cause for f in self.findings}
+
+    def __str__(self) -> str:
+        n = len(self.parameters)
+        if self.healthy:
+            lines = [f"gradient flow: healthy ({n} parameters, each got a finite, non-vanishing gradient)"]
+        else:
+            problems = len(self.findings) + (self.backward_error is not None)
+            lines = [f"gradient flow: {problems} problem(s) among {n} parameters"]
+        if self.findings:
+            width = max(len(f.parameter) for f in [*self.findings, Finding("parameter", "", "", "")]) + 2
+            cause_width = max(len(f.cause) for f in self.findings) + 2
+            lines.append(f"  {'parameter':<{width}}{'cause':<{cause_width}}detail")
+            lines += [f"  {f.parameter:<{width}}{f.cause:<{cause_width}}{f.detail}" for f in self.findings]
+            lines.append("causes:")
+            lines += [f"  {cause} = {CAUSES[cause]}" for cause in dict.fromkeys(f.cause for f in self.findings)]
+        if self.first_cut_module is not None:
+            lines.append(f"first module whose output lost its grad_fn: {self.first_cut_module}")
+        if self.backward_error:
+            lines.append(f"backward fails: {self.backward_error}")
+        lines += [f"in-place op on a tensor in the graph: {op}" for op in self.inplace_ops]
+        if self.stale:
+            lines.append(f".grad already holds an earlier gradient (zero_grad missing?): {', '.join(self.stale)}")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _module_label(name: str) -> str:
+    return name if name else "(model)"
+
+
+def _walk_plain_containers(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """(path, item) for every module or tensor inside nested plain lists, tuples, sets and dicts."""
+    if depth > 3:
+        return
+    if isinstance(value, dict):
+        items = [(f"{path}[{k!r}]", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return
+    for item_path, item in items:
+        if isinstance(item, (nn.Module, torch.Tensor)):
+            yield item_path, item
+        else:
+            yield from _walk_plain_containers(item, item_path, depth + 1)
+
+
+def unregistered_parameters(model: nn.Module) -> dict[str, tuple[torch.Tensor, nn.Module | None]]:
+    """Trainable tensors a module holds where parameters() cannot see them, by path like blocks[1].weight."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    internals = set(vars(nn.Module()))
+    registered = {id(p) for p in model.parameters()}
+    found: dict[str, tuple[torch.Tensor, nn.Module | None]] = {}
+    todo = [(name, m) for name, m in model.named_modules()]
+    seen_modules = {id(m) for _, m in todo}
+    while todo:
+        prefix, module = todo.pop(0)
+        dot = f"{prefix}." if prefix else ""
+        for attr, value in vars(module).items():
+            if attr in internals:
+                continue
+            candidates = [(f"{dot}{attr}", value)] if isinstance(value, torch.Tensor) \
+                else _walk_plain_containers(value, f"{dot}{attr}")
+            for path, item in candidates:
+                if isinstance(item, nn.Module):
+                    for pname, p in item.named_parameters():
+                        if id(p) not in registered:
+                            found[f"{path}.{pname}"] = (p, item)
+                    for sub_name, sub in item.named_modules():
+                        if id(sub) not in seen_modules:
+                            seen_modules.add(id(sub))
+                            todo.append((f"{path}.{sub_name}" if sub_name else path, sub))
+                elif item.requires_grad and item.is_leaf and id(item) not in registered:
+                    found[path] = (item, None)
+    return found
+
+
+class _ForwardWatcher(TorchFunctionMode):
+    """Logs, during one forward pass, every torch call that cuts the graph and the module it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module_stack: list[str] = []
+        self.events: list[_CutEvent] = []
+        self.used: set[int] = set()               # ids of tensors that entered any torch call
+        self.taint: dict[int, set[int]] = {}       # id(tensor) -> indices of cut events it descends from
+        self.keep_alive: list[Any] = []            # so ids stay unique while we look them up
+        self.inplace_on_graph: list[str] = []      # in-place ops on tensors that carried the graph
+        self.lost_grad_fn: list[str] = []          # modules whose output lost the graph, in order
+        self.paused = False
+        self.warnings: list[str] = []
+        self.blamed: set[int] = set()              # events that explain a missing gradient
+
+    @property
+    def current_module(self) -> str:
+        return self.module_stack[-1] if self.module_stack else ""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", str(func))
+        owner = getattr(getattr(func, "__self__", None), "__name__", None)
+        if name == "__get__" and owner != "data":  # attribute reads (.shape, .requires_grad...) cut nothing
+            return func(*args, **kwargs)
+        op = "data" if name == "__get__" else name
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        self.used.update(id(t) for t in inputs)
+        graph_inputs = [t for t in inputs if t.requires_grad]
+        if graph_inputs and inputs[0].requires_grad and (op in _MUTATING_DUNDERS or
+                                                         (op.endswith("_") and not op.startswith("_"))):
+            self.inplace_on_graph.append(f"`{op}` in the forward of {_module_label(self.current_module)}")
+        result = func(*args, **kwargs)
+        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        taint = set().union(*(self.taint.get(id(t), set()) for t in inputs)) if inputs else set()
+        kind = self._cut_kind(op, graph_inputs, outputs)
+        if kind is None and op in _LEAVE_GRAPH and taint:  # x.detach().numpy(): the second half of a round trip
+            kind = "round-trip"
+        if kind is not None:
+            self.events.append(_CutEvent(op, kind, self.current_module, graph_inputs, frozenset(taint)))
+            taint = taint | {len(self.events) - 1}
+        elif op in _REWRAP and not graph_inputs:  # torch.tensor(number): came back from a round trip?
+            taint = taint | {i for i, e in enumerate(self.events) if e.kind == "round-trip"}
+        if taint:
+            for t in outputs:
+                self.taint[id(t)] = taint
+                self.keep_alive.append(t)
+        return result
+
+    def _cut_kind(self, op: str, graph_inputs: list, outputs: list) -> str | None:
+        if not graph_inputs or op.endswith("_like") or op.startswith("new_"):
+            return None
+        if op in _LEAVE_GRAPH:
+            return "round-trip"
+        if not outputs or any(t.requires_grad for t in outputs):
+            return None
+        if op in ("detach", "detach_"):
+            return "detach"
+        if op == "data":
+            return "data"
+        if torch.is_inference_mode_enabled():
+            return "inference_mode"
+        if not torch.is_grad_enabled():
+            return "no_grad"
+        if not any(t.is_floating_point() or t.is_complex() for t in outputs):
+            return "non-differentiable"
+        return None
+
+    def pre_hook(self, name: str):
+        def hook(module, args):
+            self.module_stack.append(name)
+        return hook
+
+    def post_hook(self, name: str):
+        def hook(module, args, output):
+            self.paused = True
+            try:
+                should_carry = any(isinstance(a, torch.Tensor) and a.requires_grad for a in tree_flatten(args)[0]) \
+                    or any(p.requires_grad for p in module.parameters())
+                outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                if should_carry and outs and not any(t.requires_grad for t in outs):
+                    self.lost_grad_fn.append(_module_label(name))
+            finally:
+                self.paused = False
+                if self.module_stack:
+                    self.module_stack.pop()
+        return hook
+
+
+def _upstream_leaves(t: torch.Tensor) -> set[int]:
+    """ids of the leaf tensors (parameters) a tensor's graph reaches back to."""
+    if t.grad_fn is None:
+        return {id(t)} if t.requires_grad else set()
+    found, seen, todo = set(), set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found.add(id(variable))
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _probe_loss(output: Any) -> torch.Tensor:
+    """A scalar from a model output: a fixed random projection, so a softmax output still gets gradient."""
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"the model returned {type(output).__name__}; pass loss_fn= to turn it into a scalar loss")
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(0)).to(output.device)
+    return (output * weights.to(output.dtype)).sum() if output.is_floating_point() else output.sum()
+
+
+def _check_loss(loss: Any, name: str) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(loss).__name__} "
+                        "(a Python number, e.g. from loss.item(), has no graph)")
+    if loss.numel() != 1:
+        raise ValueError(f"{name} must be a scalar (one element), got shape {tuple(loss.shape)}: "
+                         "reduce it with .mean() or .sum() first")
+
+
+def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
+                 extra_modules: dict[str, nn.Module]) -> tuple[torch.Tensor, _ForwardWatcher]:
+    """One watched forward pass and loss; warnings raised on the way are kept in watcher.warnings."""
+    if isinstance(batch, torch.Tensor):
+        inputs, target = batch, None
+    elif len(batch) in (1, 2):
+        inputs, target = batch[0], (batch[1] if len(batch) == 2 else None)
+    else:
+        raise ValueError(f"batch must be X, (X,) or (X, y), got a {type(batch).__name__} of length {len(batch)}")
+    watcher = _ForwardWatcher()
+    modules = {**dict(model.named_modules()), **extra_modules}
+    handles = [h for name, m in modules.items()
+               for h in (m.register_forward_pre_hook(watcher.pre_hook(name)),
+                         m.register_forward_hook(watcher.post_hook(name)))]
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.enable_grad(), watcher:
+            warnings.simplefilter("always")
+            output = model(inputs)
+            watcher.module_stack = [_LOSS_FN]
+            if loss_fn is None:
+                loss = _probe_loss(output)
+            else:
+                loss = loss_fn(output, target) if target is not None else loss_fn(output)
+    finally:
+        for h in handles:
+            h.remove()
+    watcher.warnings = list(dict.fromkeys(str(w.message).split("\n")[0].split(" (Triggered")[0] for w in caught))
+    _check_loss(loss, "the loss computed from batch")
+    return loss, watcher
+
+
+def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch: Any = None,
+                       loss_fn: Callable | None = None, vanishing: float = 1e-6,
+                       allow_frozen: bool = False) -> GradientReport:
+    """Report parameters with no, zero, vanishing or non-finite gradient, with the cause of each."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if (loss is None) == (batch is None):
+        raise ValueError("pass exactly one of loss= (a scalar loss with its graph) or batch= (X or (X, y))")
+    if batch is not None and not isinstance(batch, (torch.Tensor, tuple, list)):
+        raise TypeError(f"batch must be a tensor X or a tuple (X, y), got {type(batch).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if not (isinstance(vanishing, (int, float)) and 0 <= vanishing < 1):
+        raise ValueError(f"vanishing must be a number in [0, 1), got {vanishing!r}")
+    named = dict(model.named_parameters())
+    hidden = unregistered_parameters(model)
+    if not named and not hidden:
+        raise ValueError(f"model ({type(model).__name__}) has no parameters, registered or not: nothing to diagnose")
+    report = GradientReport(parameters=[*named, *hidden])
+    for path in hidden:
+        container = path.split("[", 1)[0] if "[" in path else path
+        what = "a plain tensor attribute, not an nn.Parameter" if container == path \
+            else f"in the plain container `{container}`"
+        report.unregistered.append(Finding(path, _owner_of_path(path), "unregistered", what))
+
+    if loss is not None:
+        _check_loss(loss, "loss")
+        if not loss.requires_grad:
+            raise ValueError("loss has no graph (grad_fn is None, requires_grad is False): it was computed under "
+                             "no_grad/inference_mode, from detached tensors, or rebuilt from a number. Pass batch= "
+                             "(and loss_fn=) instead, so the detector runs forward itself and finds the cut")
+        report.stale = [n for n, p in named.items() if p.grad is not None and bool(p.grad.any())]
+        return _fill_report(report, model, loss, None, hidden, vanishing, allow_frozen)
+    extra = {path.rsplit(".", 1)[0]: m for path, (_, m) in hidden.items() if m is not None}
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            loss, watcher = _run_forward(model, batch, loss_fn, extra)
+        return _fill_report(report, model, loss, watcher, hidden, vanishing, allow_frozen)
+    finally:
+        with torch.no_grad():  # BatchNorm running stats and the like, as they were
+            for name, b in model.named_buffers():
+                if name in buffers and not torch.equal(b, buffers[name]):
+                    b.copy_(buffers[name])
+
+
+def _owner_of_path(path: str) -> str:
+    """`blocks[1].weight` -> `blocks[1]`; a top-level attribute belongs to the model."""
+    return path.rsplit(".", 1)[0] if "." in path else "(model)"
+
+
+def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, watcher: _ForwardWatcher | None,
+                 hidden: dict, vanishing: float, allow_frozen: bool) -> GradientReport:
+    """Compute the gradients with autograd.grad (leaving .grad alone) and explain what is wrong."""
+    named = dict(model.named_parameters())
+    owner = {id(p): _module_label(name) for name, m in model.named_modules() for p in m.parameters(recurse=False)}
+    if watcher is not None:
+        report.notes += [f"warning during forward: {m}" for m in watcher.warnings]
+        report.first_cut_module = watcher.lost_grad_fn[0] if watcher.lost_grad_fn else None
+    trainable = {n: p for n, p in named.items() if p.requires_grad}
+    trainable.update({n: t for n, (t, _) in hidden.items() if t.requires_grad})
+    grads: dict[str, torch.Tensor | None] = dict.fromkeys(trainable)
+    if loss.requires_grad and trainable:
+        try:
+            values = torch.autograd.grad(loss, list(trainable.values()), allow_unused=True, retain_graph=True)
+        except RuntimeError as err:
+            if "backward through the graph a second time" in str(err):
+                raise ValueError("the loss's graph was already freed by backward(): call diagnose_gradients "
+                                 "before loss.backward(), or pass batch=") from err
+            report.backward_error = str(err).split(" Hint:")[0]
+            if watcher is not None:
+                report.inplace_ops = list(dict.fromkeys(watcher.inplace_on_graph))
+            return report
+        grads = dict(zip(trainable, values))
+    for name, p in named.items():
+        if not p.requires_grad:
+            if not allow_frozen:
+                report.missing.append(Finding(name, owner.get(id(p), "(model)"), "frozen", "requires_grad=False"))
+        elif grads[name] is None:
+            report.missing.append(_explain_missing(name, owner.get(id(p), "(model)"), p, watcher, loss))
+    _flag_weak(report, {n: g for n, g in grads.items() if n in named}, owner, named, vanishing)
+    if watcher is not None:
+        for i, event in enumerate(watcher.events):
+            explained = i in watcher.blamed or event.ancestors & watcher.blamed
+            if event.kind in ("detach", "data", "no_grad", "round-trip") and not explained:
+                report.notes.append(f"{_where(event)} left the graph, but no parameter lost its gradient through it")
+        report.notes = list(dict.fromkeys(report.notes))
+    return report
+
+
+def _where(event: _CutEvent) -> str:
+    place = "the loss function" if event.module == _LOSS_FN else f"the forward of {_module_label(event.module)}"
+    return f"`{event.op}` in {place}"
+
+
+def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: _ForwardWatcher | None,
+                     loss: torch.Tensor) -> Finding:
+    """Why a trainable, registered parameter got no gradient."""
+    if watcher is None:
+        return Finding(name, module, "not-in-graph", "pass batch= to find where the graph was cut")
+    feeding_loss = watcher.taint.get(id(loss), set())
+    upstream = [i for i, e in enumerate(watcher.events)
+                if any(id(p) in _upstream_leaves(t) for t in e.graph_inputs)]
+    ranked = [i for i in upstream if i in feeding_loss] or upstream
+    if ranked:
+        event = watcher.events[ranked[0]]
+        watcher.blamed.add(ranked[0])
+        onward = [e for e in watcher.events if ranked[0] in e.ancestors and e.op in _LEAVE_GRAPH]
+        if event.kind in ("detach", "data") and onward:  # x.detach().numpy() -> torch.tensor(...)
+            event = _CutEvent(f"{event.op}().{onward[0].op}", "round-trip", event.module, event.graph_inputs)
+        return Finding(name, module, event.kind, _where(event))
+    if id(p) not in watcher.used:
+        return Finding(name, module, "unused", f"{module} was never called, or this parameter never read")
+    return Finding(name, module, "output-unused", "its result is computed, then dropped before the loss")
+
+
+def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], owner: dict[int, str],
+               named: dict[str, torch.Tensor], vanishing: float) -> None:
+    """Add zero, vanishing and non-finite gradients to report.weak (RMS per element, so sizes compare)."""
+    rms = {n: (g.detach().double().norm() / math.sqrt(max(g.numel(), 1))).item()
+           for n, g in grads.items() if g is not None}
+    largest = max((v for v in rms.values() if math.isfinite(v)), default=0.0)
+    for name, value in rms.items():
+        module = owner.get(id(named[name]), "(model)")
+        if not math.isfinite(value):
+            report.weak.append(Finding(name, module, "non-finite", "NaN or inf in the gradient"))
+        elif value == 0.0:
+            report.weak.append(Finding(name, module, "zero", "every element is 0 (dead ReLU, round(), sign(), x * 0?)"))
+        elif value < vanishing * largest:
+            report.weak.append(Finding(name, module, "vanishing",
+                                       f"RMS {value:.1e}, under {vanishing:g} x the largest ({largest:.1e})"))
+
+
+def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
+    """Bytes autograd saves for backward while fn() runs (each saved tensor counted once)."""
+    if not callable(fn):
+        raise TypeError(f"saved_tensor_bytes needs a callable, got {type(fn).__name__}")
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())

@@ -1,0 +1,205 @@
+"""The gradient-flow detector: each cause on a small model, a healthy model, and bad input."""
+import pytest
+import torch
+from torch import nn
+
+from ptlab.diagnose import diagnose_gradients, saved_tensor_bytes, unregistered_parameters
+
+X = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))   # (B, F)
+Y = X.sum(dim=1, keepdim=True)                                       # (B, 1)
+
+
+class TwoStage(nn.Module):
+    """encoder -> (something) -> head; `how` picks the something."""
+
+    def __init__(self, how: str = "none"):
+        super().__init__()
+        self.encoder, self.head, self.how = nn.Linear(4, 4), nn.Linear(4, 1), how
+
+    def forward(self, x):
+        h = torch.tanh(self.encoder(x))
+        if self.how == "detach":
+            h = h.detach()
+        elif self.how == "data":
+            h = h.data
+        elif self.how == "no_grad":
+            with torch.no_grad():
+                h = torch.tanh(self.encoder(x))
+        elif self.how == "numpy":
+            h = torch.tensor(h.detach().numpy())
+        elif self.how == "item":
+            h = torch.full_like(x, h.mean().item())
+        elif self.how == "argmax":
+            h = h.argmax(dim=1, keepdim=True).float().expand(-1, 4)
+        elif self.how == "compare":
+            h = (h > 0).float()
+        elif self.how == "int-cast":
+            h = (h * 10).long().float()
+        elif self.how == "unused":
+            h = x
+        elif self.how == "zero":
+            h = torch.round(h * 0.01)
+        elif self.how == "inplace":
+            h[:, 0] = 0.0
+        return self.head(h)
+
+
+def diagnose(model, **kw):
+    return diagnose_gradients(model, batch=(X, Y), loss_fn=nn.MSELoss(), **kw)
+
+
+def test_healthy_model_reports_nothing():
+    report = diagnose(TwoStage())
+    assert report.healthy and report.findings == [] and report.notes == []
+    assert "healthy" in str(report)
+
+
+@pytest.mark.parametrize("how, cause", [
+    ("detach", "detach"), ("data", "data"), ("no_grad", "no_grad"), ("numpy", "round-trip"),
+    ("item", "round-trip"), ("argmax", "non-differentiable"), ("compare", "non-differentiable"),
+    ("int-cast", "non-differentiable"), ("unused", "output-unused"),
+])
+def test_each_cut_is_named_with_its_cause(how, cause):
+    report = diagnose(TwoStage(how))
+    assert not report.healthy
+    assert report.causes == {"encoder.weight": cause, "encoder.bias": cause}, str(report)
+    assert all(f.module == "encoder" for f in report.missing)
+
+
+def test_no_grad_names_the_module_whose_output_lost_its_grad_fn():
+    class NoGradBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.no_grad():
+                return self.inner(x)
+
+    model = nn.Sequential(nn.Linear(4, 4), NoGradBlock(), nn.Linear(4, 1))
+    report = diagnose(model)
+    assert report.first_cut_module == "1.inner"
+    assert set(report.causes.values()) == {"no_grad"} and set(report.causes) == {"0.weight", "0.bias",
+                                                                                "1.inner.weight", "1.inner.bias"}
+
+
+def test_never_called_layer_is_unused():
+    class Spare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.spare = nn.Linear(4, 1), nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.used(x)
+
+    assert diagnose(Spare()).causes == {"spare.weight": "unused", "spare.bias": "unused"}
+
+
+def test_frozen_parameters_are_reported_unless_allowed():
+    model = TwoStage()
+    model.encoder.requires_grad_(False)
+    assert diagnose(model).causes == {"encoder.weight": "frozen", "encoder.bias": "frozen"}
+    assert diagnose(model, allow_frozen=True).healthy
+
+
+def test_plain_list_dict_and_tensor_attributes_are_unregistered():
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = [nn.Linear(4, 4), nn.Linear(4, 4)]
+            self.heads = {"main": nn.Linear(4, 1)}
+            self.scale = torch.ones(1, requires_grad=True)
+            self.ok = nn.ModuleList([nn.Linear(4, 4)])
+
+        def forward(self, x):
+            for block in [*self.blocks, *self.ok]:
+                x = block(x)
+            return self.heads["main"](x) * self.scale
+
+    found = unregistered_parameters(Hidden())
+    assert set(found) == {"blocks[0].weight", "blocks[0].bias", "blocks[1].weight", "blocks[1].bias",
+                          "heads['main'].weight", "heads['main'].bias", "scale"}
+    report = diagnose(Hidden())
+    assert {f.parameter for f in report.unregistered} == set(found)
+    assert not report.missing  # the registered layer still gets its gradient
+
+
+def test_zero_vanishing_and_non_finite_gradients_are_flagged_apart_from_missing():
+    assert set(diagnose(TwoStage("zero")).causes.values()) == {"zero"}
+    deep = nn.Sequential(nn.Linear(4, 4), *[nn.Sigmoid() if i % 2 else nn.Linear(4, 4) for i in range(30)],
+                         nn.Linear(4, 1))
+    report = diagnose(deep, vanishing=1e-3)
+    assert report.weak and not report.missing and {"0.weight", "0.bias"} <= {f.parameter for f in report.weak}
+    assert {f.cause for f in report.weak} == {"vanishing"}
+    blown = TwoStage()
+    with torch.no_grad():
+        blown.encoder.weight.fill_(float("nan"))
+    assert "non-finite" in diagnose(blown).causes.values()
+
+
+def test_inplace_error_is_reported_with_the_op():
+    report = diagnose(TwoStage("inplace"))
+    assert not report.healthy and "modified by an inplace operation" in report.backward_error
+    assert report.inplace_ops and "__setitem__" in report.inplace_ops[0]
+
+
+def test_loss_mode_uses_the_graph_and_leaves_grad_alone():
+    model = TwoStage("detach")
+    loss = nn.functional.mse_loss(model(X), Y)
+    report = diagnose_gradients(model, loss=loss)
+    assert report.causes == {"encoder.weight": "not-in-graph", "encoder.bias": "not-in-graph"}
+    assert model.head.weight.grad is None
+    loss.backward()  # the graph is still usable after diagnosing
+    healthy = TwoStage()
+    loss = nn.functional.mse_loss(healthy(X), Y)
+    loss.backward(retain_graph=True)
+    assert diagnose_gradients(healthy, loss=loss).stale == ["encoder.weight", "encoder.bias", "head.weight", "head.bias"]
+
+
+def test_batch_mode_restores_buffers_and_works_under_no_grad():
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    before = model[1].running_mean.clone()
+    with torch.no_grad():
+        report = diagnose_gradients(model, batch=X)
+    assert report.healthy and torch.equal(model[1].running_mean, before)
+
+
+def test_a_bias_before_batchnorm_has_a_vanishing_gradient():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))   # BN subtracts the bias again
+    assert diagnose_gradients(model, batch=X).causes == {"0.bias": "vanishing"}
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"loss": torch.tensor(1.0)}, ValueError, "loss has no graph"),
+    ({"loss": 1.5}, TypeError, "loss must be a torch.Tensor"),
+    ({"loss": torch.ones(3, requires_grad=True) * 2}, ValueError, "must be a scalar"),
+    ({}, ValueError, "exactly one of loss="),
+    ({"batch": "X"}, TypeError, "batch must be"),
+    ({"batch": (X, Y), "loss_fn": nn.MSELoss(reduction="none")}, ValueError, "must be a scalar"),
+    ({"batch": X, "vanishing": 2.0}, ValueError, "vanishing"),
+])
+def test_bad_input_gets_a_clear_message(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        diagnose_gradients(TwoStage(), **kwargs)
+
+
+def test_model_without_parameters_and_freed_graph_are_refused():
+    with pytest.raises(ValueError, match="has no parameters"):
+        diagnose_gradients(nn.ReLU(), batch=X)
+    with pytest.raises(TypeError, match="nn.Module"):
+        diagnose_gradients(lambda x: x, batch=X)
+    model = TwoStage()
+    loss = nn.functional.mse_loss(model(X), Y)
+    loss.backward()
+    with pytest.raises(ValueError, match="already freed"):
+        diagnose_gradients(model, loss=loss)
+
+
+def test_saved_tensor_bytes_counts_what_backward_keeps():
+    layer = nn.Linear(256, 256)
+    x = torch.randn(64, 256)
+    assert saved_tensor_bytes(lambda: layer(x)) >= 64 * 256 * 4
+    with torch.no_grad():
+        assert saved_tensor_bytes(lambda: layer(x)) == 0
+    with pytest.raises(TypeError, match="callable"):
+        saved_tensor_bytes(3)
