@@ -57,7 +57,7 @@ def missing_zero_grad(buggy: bool) -> Outcome:
     )
 
 
-class _ListMLP(nn.Module):
+class ListMLP(nn.Module):
     """Two hidden layers and a head; the hidden layers sit in a plain list or an nn.ModuleList."""
 
     def __init__(self, registered: bool):
@@ -88,9 +88,9 @@ def plain_list_of_layers(buggy: bool) -> Outcome:
     X, y = _regression_batch()
     torch.manual_seed(0)
     if buggy:
-        model = _ListMLP(registered=False)                 # BUG: self.hidden = [Linear, Linear]
+        model = ListMLP(registered=False)                 # BUG: self.hidden = [Linear, Linear]
     else:
-        model = _ListMLP(registered=True)                  # FIX: self.hidden = nn.ModuleList([...])
+        model = ListMLP(registered=True)                  # FIX: self.hidden = nn.ModuleList([...])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     before = [layer.weight.detach().clone() for layer in model.hidden]
     for _ in range(20):
@@ -105,7 +105,7 @@ def plain_list_of_layers(buggy: bool) -> Outcome:
     )
 
 
-class _EncoderHead(nn.Module):
+class EncoderHead(nn.Module):
     """encoder -> head; the buggy variant detaches the features between them."""
 
     def __init__(self, detach_features: bool):
@@ -136,9 +136,9 @@ def detach_in_forward(buggy: bool) -> Outcome:
     X, y = _regression_batch()
     torch.manual_seed(0)
     if buggy:
-        model = _EncoderHead(detach_features=True)         # BUG: features.detach() in forward
+        model = EncoderHead(detach_features=True)         # BUG: features.detach() in forward
     else:
-        model = _EncoderHead(detach_features=False)        # FIX: keep features in the graph
+        model = EncoderHead(detach_features=False)        # FIX: keep features in the graph
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [model.encoder.weight.detach().clone()]
     for _ in range(5):
