@@ -1,0 +1,243 @@
+"""Point it at your DataLoader: samples/s, time waiting for data vs computing, and what to try next.
+
+    report = check_loader(loader, compute=simulated_step(0.01), warmup_batches=2, max_batches=30)
+    print(report)          # throughput, wait vs compute, a one-line verdict
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from .loading import usable_cpus
+
+INPUT_BOUND_WAIT_SHARE = 0.3  # waiting more than this share of the time: the input pipeline is the limit
+_SAMPLE_ERROR = re.compile(r"sample (\d+) raised ([\w.]+): ")
+
+
+class LoaderCheckError(RuntimeError):
+    """Loading a sample failed; carries the sample index and the original exception type and message."""
+
+    def __init__(self, message: str, index: int | None = None, original_type: str = "", original_message: str = ""):
+        super().__init__(message)
+        self.index, self.original_type, self.original_message = index, original_type, original_message
+
+
+class SampleLoadError(RuntimeError):
+    """Raised inside a worker by IndexReportingDataset: 'sample <i> raised <Type>: <message>'."""
+
+
+class IndexReportingDataset(Dataset):
+    """Wraps a map-style dataset so an exception in __getitem__ names the sample index that raised it."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.base[index]
+        except Exception as err:
+            raise SampleLoadError(f"sample {index} raised {type(err).__name__}: {err}") from err
+
+
+def simulated_step(seconds: float) -> Callable[[Any], None]:
+    """A stand-in compute step that takes `seconds` without using the CPU, like a model step on an accelerator."""
+    if not isinstance(seconds, (int, float)) or seconds < 0:
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+
+    def step(batch: Any) -> None:
+        time.sleep(seconds)
+
+    return step
+
+
+@dataclass(frozen=True)
+class LoaderReport:
+    """What check_loader measured over the batches after warm-up, and its verdict."""
+
+    batches: int
+    samples: int
+    wait_s: float
+    compute_s: float
+    first_batch_s: float
+    num_workers: int
+    verdict: str
+    next_step: str
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / max(self.wait_s + self.compute_s, 1e-12)
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / max(self.wait_s + self.compute_s, 1e-12)
+
+    @property
+    def wait_share(self) -> float:
+        """Share of the measured time spent waiting for the next batch."""
+        return self.wait_s / max(self.wait_s + self.compute_s, 1e-12)
+
+    @property
+    def input_bound(self) -> bool:
+        return self.verdict == "input-bound"
+
+    def __str__(self) -> str:
+        return "\n".join([
+            f"loader check over {self.batches} batches ({self.samples} samples) after warm-up, "
+            f"num_workers={self.num_workers}",
+            f"  throughput       {self.samples_per_s:,.0f} samples/s, {self.batches_per_s:,.1f} batches/s",
+            f"  waiting for data {self.wait_s:.3f} s ({self.wait_share:.0%})",
+            f"  compute step     {self.compute_s:.3f} s ({1 - self.wait_share:.0%})",
+            f"  first batch      {self.first_batch_s:.3f} s" + (" (worker start-up included)" if self.num_workers else ""),
+            f"  verdict          {self.verdict}: {self.next_step}",
+        ])
+
+    __repr__ = __str__
+
+
+def _count_samples(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (tuples, lists and dicts are searched)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict):
+        return next((_count_samples(v) for v in batch.values()), 1)
+    if isinstance(batch, (list, tuple)) and batch:
+        return _count_samples(batch[0]) if isinstance(batch[0], (torch.Tensor, dict, list, tuple)) else len(batch)
+    return 1
+
+
+def _with_index_reporting(loader: DataLoader) -> DataLoader:
+    """The same loader over IndexReportingDataset(dataset), sharing its sampler and settings."""
+    if isinstance(loader.dataset, IterableDataset):
+        return loader  # no indices to report
+    settings = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                    timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                    multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+                    persistent_workers=loader.persistent_workers)
+    if hasattr(loader, "in_order"):
+        settings["in_order"] = loader.in_order
+    if loader.num_workers > 0:
+        settings["prefetch_factor"] = loader.prefetch_factor
+    if loader.batch_sampler is not None:
+        return DataLoader(IndexReportingDataset(loader.dataset), batch_sampler=loader.batch_sampler, **settings)
+    return DataLoader(IndexReportingDataset(loader.dataset), batch_size=None, sampler=loader.sampler, **settings)
+
+
+def _sample_error(err: Exception) -> LoaderCheckError | None:
+    if not isinstance(err, SampleLoadError):
+        return None
+    text = str(err)  # in a worker: the worker's whole traceback, ending with our message
+    matches = list(_SAMPLE_ERROR.finditer(text))
+    if not matches:
+        return None
+    found = matches[-1]
+    index, kind, message = int(found.group(1)), found.group(2), text[found.end():].strip()
+    where = " in a DataLoader worker" if "DataLoader worker process" in text else ""
+    return LoaderCheckError(f"loading sample {index} raised {kind}{where}: {message}", index, kind, message)
+
+
+def _verdict(wait_share: float, num_workers: int) -> tuple[str, str]:
+    cores = usable_cpus()
+    if wait_share < INPUT_BOUND_WAIT_SHARE:
+        return "compute-bound", ("the loader keeps up; speed up the step itself (batch size, mixed precision, "
+                                 "torch.compile) before touching the loader")
+    if num_workers == 0:
+        return "input-bound", f"load in parallel: try num_workers={min(2, cores)} (this machine has {cores} cores)"
+    if num_workers < cores:
+        return "input-bound", f"raise num_workers towards {cores}, the cores this process may use"
+    return "input-bound", ("workers already fill the cores: make each sample cheaper (per-batch transforms after "
+                           "collation, cache decoded data, smaller files)")
+
+
+def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, *, warmup_batches: int = 2,
+                 max_batches: int = 50) -> LoaderReport:
+    """Iterate a loader, time waiting for each batch vs `compute(batch)`, and say which one limits throughput."""
+    if isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
+        raise TypeError(f"loader must be an iterable of batches such as a torch DataLoader, "
+                        f"got {type(loader).__name__}")
+    if compute is not None and not callable(compute):
+        raise TypeError(f"compute must be a callable taking a batch, or None, got {type(compute).__name__}")
+    if not isinstance(warmup_batches, int) or warmup_batches < 0:
+        raise ValueError(f"warmup_batches must be an int >= 0, got {warmup_batches!r}")
+    if not isinstance(max_batches, int) or max_batches < 1:
+        raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError("loader: its dataset is empty (len 0), so there is nothing to measure")
+    num_workers = getattr(loader, "num_workers", 0)
+    if isinstance(loader, DataLoader):
+        loader = _with_index_reporting(loader)
+    wait_s = compute_s = first_batch_s = 0.0
+    batches = samples = 0
+    seen = 0
+    batch_iter = iter(loader)
+    try:
+        while seen < warmup_batches + max_batches:
+            start = time.perf_counter()
+            try:
+                batch = next(batch_iter)
+            except StopIteration:
+                break
+            waited = time.perf_counter() - start
+            start = time.perf_counter()
+            if compute is not None:
+                compute(batch)
+            computed = time.perf_counter() - start
+            if seen == 0:
+                first_batch_s = waited
+            if seen >= warmup_batches:
+                wait_s, compute_s = wait_s + waited, compute_s + computed
+                batches, samples = batches + 1, samples + _count_samples(batch)
+            seen += 1
+    except SampleLoadError as err:
+        raise (_sample_error(err) or LoaderCheckError(str(err))) from None
+    finally:
+        del batch_iter  # shuts non-persistent workers down now, not at garbage collection
+    if seen == 0:
+        raise ValueError("loader: it yielded no batches (an empty dataset, or drop_last with fewer samples "
+                         "than one batch)")
+    if batches == 0:
+        raise ValueError(f"loader: only {seen} batches, all used for warm-up; lower warmup_batches "
+                         f"(now {warmup_batches}) or give it more data")
+    total = wait_s + compute_s
+    verdict, next_step = _verdict(wait_s / total if total > 0 else 0.0, num_workers)
+    return LoaderReport(batches, samples, wait_s, compute_s, first_batch_s, num_workers, verdict, next_step)
+
+
+def throughput_by_workers(dataset: Dataset, worker_counts: Iterable[int] = (0, 1, 2), *, batch_size: int = 32,
+                          max_batches: int = 16, repeats: int = 3, **loader_kwargs: Any) -> dict[int, float]:
+    """Samples/s of the same dataset per num_workers, measured in interleaved rounds; the median of each."""
+    import statistics
+    import warnings
+
+    counts = list(worker_counts)
+    if not counts or any(not isinstance(w, int) or w < 0 for w in counts):
+        raise ValueError(f"worker_counts must be ints >= 0, got {counts!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    rates: dict[int, list[float]] = {w: [] for w in counts}
+    for _ in range(repeats):
+        for workers in counts:
+            with warnings.catch_warnings():  # torch warns when workers outnumber cores: that is the experiment
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, **loader_kwargs)
+                rates[workers].append(check_loader(loader, max_batches=max_batches).samples_per_s)
+    return {w: statistics.median(r) for w, r in rates.items()}
+
+
+def cpu_seconds_per_sample(dataset: Dataset, samples: int = 200) -> float:
+    """CPU time one process spends per sample of dataset[i] (process time: other programs do not inflate it)."""
+    if len(dataset) == 0:
+        raise ValueError("dataset is empty: no sample to time")
+    samples = min(samples, len(dataset))
+    start = time.process_time()
+    for index in range(samples):
+        dataset[index]
+    return (time.process_time() - start) / samples

@@ -1,0 +1,106 @@
+"""ptlab.loader_check: throughput, wait vs compute, verdicts, and clear errors on bad input."""
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from ptlab.loader_check import LoaderCheckError, LoaderReport, check_loader, simulated_step
+from ptlab.loading import CostlySamples
+
+
+class FailsAt(Dataset):
+    """Sample `bad` raises ValueError; the rest are their index."""
+
+    def __init__(self, n=40, bad=13):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        if index == self.bad:
+            raise ValueError("pixel data is broken")
+        return torch.tensor(index)
+
+
+class Numbers(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(20))
+
+
+def test_slow_samples_without_compute_are_input_bound():
+    loader = DataLoader(CostlySamples(TensorDataset(torch.zeros(200, 3)), work=500), batch_size=10)
+    report = check_loader(loader, warmup_batches=2, max_batches=5)
+    assert isinstance(report, LoaderReport)
+    assert report.batches == 5 and report.samples == 50
+    assert report.verdict == "input-bound" and report.input_bound and "num_workers" in report.next_step
+    assert report.wait_share > 0.9 and report.samples_per_s == pytest.approx(10 * report.batches_per_s)
+
+
+def test_fast_samples_with_a_slow_step_are_compute_bound():
+    loader = DataLoader(TensorDataset(torch.zeros(200, 3)), batch_size=10)
+    report = check_loader(loader, compute=simulated_step(0.01), max_batches=5)
+    assert report.verdict == "compute-bound" and report.compute_s >= 0.05 and report.wait_share < 0.3
+    text = str(report)
+    assert "samples/s" in text and "batches/s" in text and "compute-bound" in text and repr(report) == text
+
+
+def test_input_bound_with_workers_on_every_core_suggests_cheaper_samples(monkeypatch):
+    import ptlab.loader_check as lc
+
+    monkeypatch.setattr(lc, "usable_cpus", lambda: 1)
+    loader = DataLoader(CostlySamples(TensorDataset(torch.zeros(40, 3)), work=500), batch_size=4, num_workers=1)
+    assert "cheaper" in check_loader(loader, max_batches=4).next_step
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_failing_sample_is_named_with_its_original_error(num_workers):
+    loader = DataLoader(FailsAt(), batch_size=4, num_workers=num_workers, shuffle=True)
+    with pytest.raises(LoaderCheckError) as caught:
+        check_loader(loader, warmup_batches=0, max_batches=20)
+    err = caught.value
+    assert err.index == 13 and err.original_type == "ValueError" and err.original_message == "pixel data is broken"
+    assert "sample 13" in str(err) and ("worker" in str(err)) == (num_workers > 0)
+
+
+def test_other_iterables_are_measured_too():
+    report = check_loader([torch.zeros(4, 2)] * 6, warmup_batches=1, max_batches=3)
+    assert report.batches == 3 and report.samples == 12
+    assert check_loader(DataLoader(Numbers(), batch_size=5), warmup_batches=0).samples == 20
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    (42, TypeError, "loader must be an iterable"),
+    ("batches", TypeError, "loader must be an iterable"),
+    (DataLoader(TensorDataset(torch.zeros(0, 3))), ValueError, "dataset is empty"),
+    (DataLoader(TensorDataset(torch.zeros(3, 3)), batch_size=4, drop_last=True), ValueError, "no batches"),
+])
+def test_bad_loaders_get_clear_errors(bad, error, words):
+    with pytest.raises(error, match=words):
+        check_loader(bad)
+
+
+def test_bad_arguments_get_clear_errors():
+    loader = DataLoader(TensorDataset(torch.zeros(8, 3)), batch_size=4)
+    with pytest.raises(ValueError, match="warmup_batches"):
+        check_loader(loader, warmup_batches=-1)
+    with pytest.raises(ValueError, match="max_batches"):
+        check_loader(loader, max_batches=0)
+    with pytest.raises(TypeError, match="compute"):
+        check_loader(loader, compute="fast")
+    with pytest.raises(ValueError, match="lower warmup_batches"):
+        check_loader(loader, warmup_batches=5)
+    with pytest.raises(ValueError, match="seconds"):
+        simulated_step(-1)
+
+
+def test_throughput_by_workers_and_cpu_cost():
+    from ptlab.loader_check import cpu_seconds_per_sample, throughput_by_workers
+
+    dataset = CostlySamples(TensorDataset(torch.zeros(96, 3)), work=200)
+    rates = throughput_by_workers(dataset, (0, 1), batch_size=8, max_batches=4, repeats=1)
+    assert set(rates) == {0, 1} and all(r > 0 for r in rates.values())
+    assert 0 < cpu_seconds_per_sample(dataset, samples=20) < 1
+    with pytest.raises(ValueError, match="worker_counts"):
+        throughput_by_workers(dataset, (-1,))
+    with pytest.raises(ValueError, match="empty"):
+        cpu_seconds_per_sample(TensorDataset(torch.zeros(0)))
