@@ -203,12 +203,14 @@ def fit(
     autocast_dtype: torch.dtype | None = None,
     progress: bool = True,
     plot: bool = False,
+    history: History | None = None,
 ) -> History:
     """Train for `epochs` (and/or until `time_budget_s` would be passed), evaluating after each epoch.
 
     With a time budget, a new epoch starts only if the mean epoch time so far says it will end
-    inside the budget (the first epoch always runs). `scheduler.step()` is called once per epoch,
-    or after every batch with scheduler_step="batch" (OneCycleLR).
+    inside the budget (the first epoch of a call always runs). `scheduler.step()` is called once per
+    epoch, or after every batch with scheduler_step="batch" (OneCycleLR). Pass the History of an
+    earlier call as `history` to continue it: epochs are numbered on and appended to it.
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
@@ -222,13 +224,16 @@ def fit(
         raise ValueError(f"time_budget_s must be a positive number of seconds or None, got {time_budget_s!r}")
     if scheduler_step not in ("epoch", "batch"):
         raise ValueError(f'scheduler_step must be "epoch" or "batch", got {scheduler_step!r}')
+    if history is not None and not isinstance(history, History):
+        raise TypeError(f"history must be a History returned by an earlier fit(), got {type(history).__name__}")
     device = _resolve_device(model, device)
-    history = History()
+    history = history if history is not None else History()
+    first_epoch = history.epoch[-1] + 1 if history.epoch else 1
     max_epochs = epochs if epochs is not None else 10**9
     bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
     start = time.perf_counter()
-    for epoch in range(1, max_epochs + 1):
-        if time_budget_s is not None and history.seconds:
+    for epoch in range(first_epoch, first_epoch + max_epochs):
+        if time_budget_s is not None and epoch > first_epoch:
             expected_end = time.perf_counter() - start + sum(history.seconds) / len(history.seconds)
             if expected_end > time_budget_s:
                 break

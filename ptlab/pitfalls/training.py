@@ -1,0 +1,434 @@
+"""Chapter 4 pitfalls: training and evaluating a CNN, and the bugs that silently cost accuracy.
+
+Each reproduction trains or evaluates a real SmallCNN on the embedded dataset for a few seconds.
+The ones that need trained weights share one reference model, trained once per process
+(`reference_weights`), and each loads a fresh copy so no pitfall sees another's side effects.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import math
+import weakref
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, Subset
+
+from ..data import CLASSES, MEAN, STD, EmbeddedImages, load_arrays, make_transform
+from ..models import SmallCNN
+from .registry import Outcome, pitfall
+
+_MEAN = torch.tensor(MEAN).view(1, 3, 1, 1)
+_STD = torch.tensor(STD).view(1, 3, 1, 1)
+_WIDTH = 16          # a quarter of SmallCNN's compute: the reproductions must take seconds, not minutes
+_BATCH = 64
+
+
+@functools.lru_cache(maxsize=2)
+def uint8_split(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole split as uint8 images (N, 3, 32, 32) and labels (N,), cached (treat as read-only)."""
+    images, labels = load_arrays(train)
+    return torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.copy())
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, 3, H, W) to float, scaled to [0, 1] and normalised with the dataset's mean and std."""
+    return (images.float() / 255 - _MEAN) / _STD
+
+
+def augment_batch(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """RandomCrop(32, padding=4) and a horizontal flip, drawn per image, on a uint8 batch (B, 3, 32, 32)."""
+    B, _, H, W = images.shape
+    padded = F.pad(images, (4, 4, 4, 4))                                  # (B, 3, H+8, W+8), black border
+    top = torch.randint(0, 9, (B,), generator=generator)
+    left = torch.randint(0, 9, (B,), generator=generator)
+    rows = (top[:, None] + torch.arange(H))[:, :, None]                   # (B, H, 1)
+    cols = (left[:, None] + torch.arange(W))[:, None, :]                  # (B, 1, W)
+    crops = padded[torch.arange(B)[:, None, None], :, rows, cols]         # (B, H, W, 3)
+    crops = crops.permute(0, 3, 1, 2)                                     # (B, 3, H, W)
+    flip = torch.rand(B, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
+
+
+def batch_stream(seed: int = 0, n: int | None = None, augment: bool = False):
+    """Endless normalised training batches (X (64, 3, 32, 32), y (64,)) drawn with a seeded generator."""
+    images, labels = uint8_split(True)
+    n = len(labels) if n is None else n
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        idx = torch.randint(0, n, (_BATCH,), generator=g)
+        batch = augment_batch(images[idx], g) if augment else images[idx]
+        yield normalize(batch), labels[idx]
+
+
+@torch.no_grad()
+def accuracy_on_test(model: nn.Module, n: int = 2000, batch_size: int = 500) -> float:
+    """Accuracy on the first n test images, in eval mode (the model's mode is restored)."""
+    images, labels = uint8_split(False)
+    was_training = model.training
+    model.eval()
+    correct = sum(int((model(normalize(images[i:i + batch_size])).argmax(1) == labels[i:i + batch_size]).sum())
+                  for i in range(0, n, batch_size))
+    model.train(was_training)
+    return correct / n
+
+
+@functools.lru_cache(maxsize=1)
+def reference_weights(steps: int = 400) -> dict[str, torch.Tensor]:
+    """State dict of a width-16 SmallCNN trained for `steps` batches with augmentation (once per process)."""
+    torch.manual_seed(0)
+    model = SmallCNN(width=_WIDTH)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
+    for _, (X, y) in zip(range(steps), batch_stream(seed=0, augment=True)):
+        loss = F.cross_entropy(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def reference_model() -> SmallCNN:
+    """A fresh copy of the trained reference model, in eval mode."""
+    model = SmallCNN(width=_WIDTH)
+    model.load_state_dict(reference_weights())
+    return model.eval()
+
+
+def _fresh_model_and_optimizer(lr: float = 1e-2) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = SmallCNN(width=_WIDTH)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+def _short_recipe(steps: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.OneCycleLR]:
+    """A fresh width-16 SmallCNN, AdamW and a OneCycleLR schedule (max 1e-2) over `steps` batches."""
+    model, opt = _fresh_model_and_optimizer(lr=1e-2)
+    return model, opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
+
+
+def _smooth(values: list[float], k: int = 10) -> float:
+    return sum(values[-k:]) / len(values[-k:])
+
+
+@pitfall(
+    id="missing-zero-grad-training", chapter=4,
+    title="A training loop without optimizer.zero_grad() sums every past gradient into each step",
+    symptom="the training loss stalls near its starting value and test accuracy stays near chance (10%)",
+    why="""backward() adds into .grad. Without zero_grad() the gradient used at step t is the sum of all
+    gradients since the start: a stale direction dominated by the first steps, growing without bound.
+    Adam's normalisation hides the growth in size but not the stale direction, so the model barely moves
+    towards a solution; with SGD the growing sum makes the steps explode instead.""",
+    catch="""Write the step as the fixed triple: optimizer.zero_grad(); loss.backward(); optimizer.step().
+    Log the gradient norm: when it climbs steadily over identical-looking batches, gradients accumulate.
+    ptlab.diagnose.diagnose_gradients(model, loss=loss) reports .grad already holding an earlier gradient.""",
+)
+def missing_zero_grad_training(buggy: bool) -> Outcome:
+    model, opt, sched = _short_recipe(steps=150)               # AdamW + OneCycleLR, as in the chapter
+    losses = []
+    for _, (X, y) in zip(range(150), batch_stream(seed=0)):     # 150 batches of 64
+        loss = F.cross_entropy(model(X), y)
+        if not buggy:
+            opt.zero_grad()                                     # FIX: each step sees only its own gradient
+        loss.backward()                                         # BUG: without zero_grad, .grad sums all steps
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    accuracy = accuracy_on_test(model)
+    return Outcome(
+        figures={"training loss, last 10 steps": _smooth(losses), "test accuracy": accuracy},
+        series={"training loss": losses}, broken=accuracy < 0.2,
+    )
+
+
+@pitfall(
+    id="eval-without-eval-mode", chapter=4,
+    title="Evaluating without model.eval(): BatchNorm uses each test batch's statistics and overwrites its own",
+    symptom="accuracy drops at a small evaluation batch, and the running statistics are silently rewritten by test data",
+    why="""In train mode BatchNorm normalises with the mean and variance of the current batch, so each
+    prediction depends on which other images share its batch: noisy at batch 8. It also updates its
+    running_mean and running_var from those batches (momentum 0.1), so after such an 'evaluation' the
+    model that you later evaluate properly, or checkpoint, carries statistics estimated from a few
+    small test batches. torch.no_grad() does not prevent either: it only stops the graph.""",
+    catch="""Call model.eval() before evaluating and model.train() after (ptlab.train.evaluate does both and
+    restores each submodule's mode). Evaluate twice at two batch sizes: in eval mode the accuracy is
+    identical; a difference means some layer still runs in train mode. Compare the BatchNorm buffers
+    before and after evaluation in a test.""",
+)
+def eval_without_eval_mode(buggy: bool) -> Outcome:
+    model = reference_model()                                   # trained, in eval mode
+    reference = accuracy_on_test(model)                            # batch 500, eval mode
+    stats_before = [b.clone() for name, b in model.named_buffers() if "running" in name]
+    if buggy:
+        model.train()                                           # BUG: BatchNorm normalises with batch statistics
+    else:
+        model.eval()                                            # FIX: BatchNorm uses its running statistics
+    images, labels = uint8_split(False)
+    with torch.no_grad():                                       # no_grad does not change BatchNorm's mode
+        correct = sum(int((model(normalize(images[i:i + 8])).argmax(1) == labels[i:i + 8]).sum())
+                      for i in range(0, 2000, 8))               # batch 8, as a per-request service would
+    stats_after = [b for name, b in model.named_buffers() if "running" in name]
+    drift = max((a - b).abs().max().item() for a, b in zip(stats_after, stats_before))
+    after = accuracy_on_test(model)                                # a proper evaluation afterwards
+    return Outcome(
+        figures={"accuracy, eval mode, batch 500": reference, "accuracy as evaluated, batch 8": correct / 2000,
+                 "largest change of a running statistic": drift, "accuracy afterwards, eval mode": after},
+        broken=correct / 2000 < reference - 0.02 or drift > 0,
+    )
+
+
+@pitfall(
+    id="test-time-augmentation", chapter=4,
+    title="Random augmentation left in the test transform makes accuracy a random number",
+    symptom="the same weights evaluated twice give two different accuracies",
+    why="""RandomCrop and RandomHorizontalFlip draw new random numbers for every image at every pass. In the
+    test pipeline they turn a fixed model and a fixed test set into a random accuracy, and the crops
+    shift part of each glyph out of the frame, so the expected accuracy drops too. Comparing two models
+    (or two epochs) then compares noise as much as models.""",
+    catch="""Build two pipelines: make_transform(augment=True) for training only, make_transform(augment=False)
+    for validation and test. Evaluate the same model twice: the two accuracies must be identical.""",
+)
+def test_time_augmentation(buggy: bool) -> Outcome:
+    from ..train import evaluate
+
+    model = reference_model()
+    deterministic = EmbeddedImages(train=False, transform=make_transform(augment=False))
+    if buggy:
+        test_set = EmbeddedImages(train=False, transform=make_transform(augment=True))   # BUG: random crops and flips
+    else:
+        test_set = EmbeddedImages(train=False, transform=make_transform(augment=False))  # FIX: deterministic
+    baseline = evaluate(model, DataLoader(deterministic, batch_size=500))["acc"]
+    accuracies = []
+    for seed in (1, 2):                                         # the same weights, evaluated twice
+        torch.manual_seed(seed)
+        accuracies.append(evaluate(model, DataLoader(test_set, batch_size=500))["acc"])
+    spread = max(accuracies) - min(accuracies)
+    mean = sum(accuracies) / len(accuracies)
+    return Outcome(
+        figures={"accuracy, deterministic test transform": baseline, "evaluation 1": accuracies[0],
+                 "evaluation 2": accuracies[1], "spread (max - min)": spread, "mean - deterministic": mean - baseline},
+        broken=spread > 0,
+    )
+
+
+@pitfall(
+    id="softmax-before-cross-entropy", chapter=4,
+    title="Softmax before CrossEntropyLoss squashes the gradient: the model learns slower",
+    symptom="on the same budget the training loss falls far less and test accuracy is lower",
+    why="""nn.CrossEntropyLoss applies log_softmax itself: it expects raw logits. Fed probabilities, it
+    computes softmax twice. Probabilities lie in [0, 1], so the second softmax sees nearly equal inputs:
+    the loss cannot go below about 1.46 for 10 classes, and its gradient is scaled down by the softmax
+    Jacobian, which is small wherever the model is confident. Nothing raises; training is just worse.""",
+    catch="""Models return logits; apply softmax only where you need probabilities for display, never before
+    CrossEntropyLoss (or use NLLLoss on log_softmax). A loss that plateaus above 1.4 with 10 classes is
+    the tell; so is a last layer named softmax in print(model).""",
+)
+def softmax_before_cross_entropy(buggy: bool) -> Outcome:
+    model, opt, sched = _short_recipe(steps=150)
+    losses = []
+    for _, (X, y) in zip(range(150), batch_stream(seed=0)):     # 150 batches of 64
+        logits = model(X)                                       # (64, 10)
+        if buggy:
+            loss = F.cross_entropy(logits.softmax(dim=1), y)    # BUG: probabilities into a loss that wants logits
+        else:
+            loss = F.cross_entropy(logits, y)                   # FIX: raw logits
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(F.cross_entropy(logits.detach(), y).item())  # the true loss, comparable both ways
+    accuracy = accuracy_on_test(model)
+    return Outcome(
+        figures={"cross-entropy on logits, last 10 steps": _smooth(losses), "test accuracy": accuracy},
+        series={"cross-entropy on logits": losses}, broken=accuracy < 0.25,
+    )
+
+
+class _SavedTensorTracker:
+    """Watches every tensor autograd saves for backward, and tells how many bytes are still held."""
+
+    class _Held:
+        __slots__ = ("tensor", "__weakref__")
+
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor = tensor
+
+    def __init__(self) -> None:
+        self._records: list[tuple[weakref.ref, tuple[int, int]]] = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
+
+    def _pack(self, tensor: torch.Tensor):
+        held = self._Held(tensor)
+        if not isinstance(tensor, nn.Parameter):                # weights live anyway; count activations
+            storage = tensor.untyped_storage()
+            self._records.append((weakref.ref(held), (storage.data_ptr(), storage.nbytes())))
+        return held
+
+    def __enter__(self) -> "_SavedTensorTracker":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    def bytes_held(self) -> int:
+        """Bytes of saved activations still referenced by a live graph (each storage counted once)."""
+        gc.collect()
+        return sum(nbytes for _, nbytes in {key for ref, key in self._records if ref() is not None})
+
+
+@pitfall(
+    id="eval-without-no-grad", chapter=4,
+    title="Evaluation without torch.no_grad() keeps a graph, and its activations, for every batch you keep",
+    symptom="collecting predictions holds megabytes of activations per batch; the accuracy is exactly the same",
+    why="""Outside no_grad every forward records a graph and saves the activations backward would need.
+    Evaluation never calls backward, so they are freed only when the output is: keep the logits of every
+    batch (for a confusion matrix, say) and you keep every batch's activations with them. Memory grows
+    with the test set; on a GPU that is an out-of-memory error halfway through evaluation.""",
+    catch="""Evaluate under torch.no_grad() or torch.inference_mode() (ptlab.train.evaluate does). Check that
+    collected outputs have grad_fn None, or keep logits.detach().cpu(). Memory that grows during
+    evaluation is the tell.""",
+)
+def eval_without_no_grad(buggy: bool) -> Outcome:
+    model = reference_model()                                   # eval mode: only no_grad differs
+    images, labels = uint8_split(False)
+    all_logits = []
+    with _SavedTensorTracker() as tracker:
+        for start in range(0, 2000, 250):                       # 8 batches of 250
+            X = normalize(images[start:start + 250])
+            if buggy:
+                logits = model(X)                               # BUG: records a graph that holds the activations
+            else:
+                with torch.no_grad():
+                    logits = model(X)                           # FIX: no graph, nothing saved
+            all_logits.append(logits)                           # kept for a confusion matrix later
+    held_mib = tracker.bytes_held() / 2**20
+    accuracy = (torch.cat(all_logits).argmax(1) == labels[:2000]).float().mean().item()
+    return Outcome(
+        figures={"MiB of activations held": held_mib, "MiB held per batch": held_mib / 8,
+                 "accuracy": accuracy, "outputs have a grad_fn": all_logits[0].grad_fn is not None},
+        broken=held_mib > 1,
+    )
+
+
+@pitfall(
+    id="learning-rate-too-high", chapter=4,
+    title="A learning rate far too high drives the loss to inf, then NaN",
+    symptom="the loss grows by orders of magnitude each step and is NaN within 40 steps; the weights are ruined",
+    why="""Adam moves every weight by about lr per step, whatever the gradient's size. At lr=1000 the
+    final layer's weights grow by thousands each step, the logits follow, and float32 overflows: the
+    loss becomes inf, its gradient NaN, and one NaN step turns every weight to NaN. BatchNorm keeps
+    the hidden activations bounded, which is why a too-high SGD step usually ends in a huge but finite
+    loss instead: a dead model that still prints numbers.""",
+    catch="""Check torch.isfinite(loss) every step and stop at the first failure, logging the step. Start
+    from a known-good learning rate (1e-3 to 1e-2 for Adam) and run a learning-rate range test before
+    training at a new scale.""",
+)
+def learning_rate_too_high(buggy: bool) -> Outcome:
+    if buggy:
+        lr = 1e3                                                # BUG: 250,000x the recipe's 4e-3
+    else:
+        lr = 4e-3                                               # FIX: the recipe's learning rate
+    model, opt = _fresh_model_and_optimizer(lr=lr)
+    losses, first_non_finite = [], None
+    for step, (X, y) in zip(range(1, 41), batch_stream(seed=0)):
+        loss = F.cross_entropy(model(X), y)
+        if not torch.isfinite(loss):
+            first_non_finite = step                             # stop: everything after is NaN
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    weights_finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return Outcome(
+        figures={"learning rate": lr, "first loss": losses[0], "largest finite loss": max(losses),
+                 "first non-finite step": first_non_finite if first_non_finite else "none in 40",
+                 "weights all finite": weights_finite},
+        series={"log10 training loss": [math.log10(v) for v in losses]},
+        broken=first_non_finite is not None,
+    )
+
+
+@pitfall(
+    id="shuffled-labels", chapter=4,
+    title="Images shuffled but labels taken from the unshuffled rows: the loss stays at ln(10)",
+    symptom="the training loss stays near ln(10) = 2.303 and test accuracy near 10%, with no error",
+    why="""Indexing images with a permutation and labels with the plain range pairs each image with another
+    image's label. The labels are still valid and balanced, so nothing raises, but they carry no
+    information about the image: the best the model can do is predict the class frequencies, whose
+    cross-entropy is ln(10) for 10 balanced classes.""",
+    catch="""Index inputs and targets with the same indices, in one place (a Dataset returning (x, y) pairs).
+    A loss that sits at ln(num_classes) means the model predicts uniform probabilities: plot a few
+    images with their labels before training, and check that a model can fit a small labelled subset.""",
+)
+def shuffled_labels(buggy: bool) -> Outcome:
+    images, labels = uint8_split(True)
+    model, opt, sched = _short_recipe(steps=125)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for start in range(0, 125 * 64, 64):                        # one epoch: 125 batches of 64
+        idx = order[start:start + 64]
+        X = normalize(images[idx])
+        if buggy:
+            y = labels[start:start + 64]                        # BUG: rows of the unshuffled order
+        else:
+            y = labels[idx]                                     # FIX: the same indices as the images
+        loss = F.cross_entropy(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    final = _smooth(losses, k=20)
+    return Outcome(
+        figures={"training loss, last 20 steps": final, "ln(10)": math.log(10), "test accuracy": accuracy_on_test(model)},
+        series={"training loss": losses}, broken=abs(final - math.log(10)) < 0.1,
+    )
+
+
+@pitfall(
+    id="vertical-flip-changes-label", chapter=4,
+    title="RandomVerticalFlip turns arrow_up into arrow_down: an augmentation that changes the label",
+    symptom="fine-tuned on the two arrow classes with the flip, the model tells them apart about 50% of the time: a coin toss",
+    why="""An augmentation must keep the label true. In this dataset every class is left-right symmetric,
+    so a horizontal flip is safe, but arrow_down is exactly arrow_up seen in a vertical mirror: a
+    vertical flip turns half the 'arrow_up' training images into perfect arrow_down images still
+    labelled arrow_up. Each image appears with both labels equally often, so nothing can be learned
+    about orientation. On CIFAR-10 the same holds for 6 vs 9-like cases in digits, or text.""",
+    catch="""For each augmentation ask: would a human still give the augmented image the same label? Plot a
+    grid of augmented training images with their labels before training, and compare per-class
+    accuracy with and without the augmentation (the confusion matrix shows the arrow pair).""",
+)
+def vertical_flip_changes_label(buggy: bool) -> Outcome:
+    from torchvision.transforms import v2
+
+    if buggy:
+        flip = v2.RandomVerticalFlip()                          # BUG: a flipped arrow_up is an arrow_down
+    else:
+        flip = v2.RandomHorizontalFlip()                        # FIX: every class is left-right symmetric
+    train_tf = v2.Compose([v2.ToImage(), flip, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    arrows = [CLASSES.index("arrow_up"), CLASSES.index("arrow_down")]
+    train_set = EmbeddedImages(train=True, transform=train_tf)
+    train_idx = [i for i, t in enumerate(train_set.targets) if t in arrows]       # 1,600 arrows
+    loader = DataLoader(Subset(train_set, train_idx), batch_size=64, shuffle=True,
+                        generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)                                        # the flips draw from torch's global generator
+    model = reference_model().train()                           # trained on all 10 classes, with a safe flip
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(4):                                          # fine-tune on the arrows: 4 epochs of 25 batches
+        for X, y in loader:
+            loss = F.cross_entropy(model(X), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    images, labels = uint8_split(False)
+    test_idx = torch.isin(labels, torch.tensor(arrows))
+    with torch.no_grad():
+        pred = model.eval()(normalize(images[test_idx])).argmax(1)                 # (400,)
+    accuracy = (pred == labels[test_idx]).float().mean().item()
+    return Outcome(figures={"test accuracy on the two arrow classes": accuracy, "training images": len(train_idx)},
+                   broken=accuracy < 0.7)
