@@ -41,8 +41,11 @@ test-unit: $(READY)
 test-notebooks: $(READY)
 	$(PY) -m pytest notebooks $(NBVAL)
 
+# Needs Debian's chromium (apt-get install -y chromium; PTLAB_CHROMIUM=path for another one).
+# PTLAB_UPDATE_DOCS=1 also refreshes docs/widget.png from the screenshot it takes.
 test-browser: $(READY)
-	$(PY) -m pytest tests/browser -p no:cacheprovider
+	@test -x "$${PTLAB_CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser: no chromium at $${PTLAB_CHROMIUM:-/usr/bin/chromium}; install it: sudo apt-get install -y chromium" >&2; exit 1; }
+	$(PY) -m pytest tests/browser -p no:cacheprovider -v
 
 notebooks: $(READY)
 	$(PY) -m ptlab notebooks notebooks

@@ -48,6 +48,7 @@ class PitfallWidget(widgets.VBox):
         self.status = widgets.Label(value="press Run")
         self.output = widgets.Output()
         self.last_outcome = None
+        self.outcomes: dict[str, object] = {}  # the latest run of each mode, plotted together
         self.run_button.on_click(lambda _: self.run())
         header = widgets.HTML(
             f"<h4 style='margin:4px 0'>{html.escape(record.title)}</h4>"
@@ -59,6 +60,8 @@ class PitfallWidget(widgets.VBox):
         controls = widgets.HBox([self.bug_toggle, self.run_button, self.status])
         super().__init__([header, widgets.HTML(code_html(record)), controls, self.output, explanation])
         self.add_class("ptlab-pitfall")
+        self.status.add_class("ptlab-status")  # DOM hooks for the browser tests (tests/browser)
+        self.output.add_class("ptlab-output")
 
     def run(self) -> None:
         """Run the reproduction as the toggle says and show its figures and plot in the output area."""
@@ -78,11 +81,13 @@ class PitfallWidget(widgets.VBox):
                 self.run_button.disabled = False
             self.last_outcome = outcome
             label = "bug on" if buggy else "fixed"
+            self.outcomes[label] = outcome
             display(widgets.HTML(f"<div class='ptlab-run' data-mode='{label}'><b>Run: {label}</b></div>"
                                  + figures_html(outcome.formatted_figures(), outcome.broken, self.record.symptom)))
-            fig = plot_series({label: outcome}, title=self.record.title)
+            fig = plot_series(self.outcomes, title=self.record.title)  # both modes once both have run
             if fig is not None:
-                plt.show(fig)
+                display(fig)
+                plt.close(fig)
         self.status.value = f"done in {time.perf_counter() - start:.1f} s ({label})"
 
     def __repr__(self) -> str:

@@ -1,0 +1,96 @@
+"""The browser checks must be able to fail: each case below breaks one thing a learner would see.
+
+A tiny probe course in a temp root: a healthy widget (the control), a widget whose reproduction
+raises, and a cell that raises. Served once by a normal JupyterLab and once by a JupyterLab with
+the ipywidgets lab extension disabled.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import nbformat
+import pytest
+
+from labdriver import ARTIFACTS, WIDGET_EXTENSION, check_notebook, jupyterlab
+
+pytestmark = pytest.mark.browser
+
+EXPLODING_MODULE = '''
+"""A throwaway pitfall whose reproduction raises, for the tests of the browser tests."""
+from ptlab.pitfalls import Outcome, pitfall
+
+
+@pitfall(id="exploding-probe", chapter=99, title="A reproduction that raises", symptom="it raises",
+         why="deliberately broken", catch="the browser test must report it")
+def exploding_probe(buggy: bool) -> Outcome:
+    if buggy:
+        raise ValueError("deliberate failure in the widget callback")  # BUG
+    raise ValueError("deliberate failure in the widget callback")  # FIX
+'''
+
+PROBES = {
+    "healthy_widget.ipynb": ['from ptlab import show_pitfall', 'show_pitfall("uint8-overflow")',
+                             'import ipywidgets\nipywidgets.IntSlider(value=3)'],
+    "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall', 'show_pitfall("exploding-probe")'],
+    "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
+}
+
+
+def _notebook(sources: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# probe")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    return nb
+
+
+@pytest.fixture(scope="module")
+def probe_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probes")
+    (root / "exploding_probe.py").write_text(textwrap.dedent(EXPLODING_MODULE))
+    for name, sources in PROBES.items():
+        nbformat.write(_notebook(sources), root / name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def probe_lab(probe_root):
+    with jupyterlab(probe_root) as server:
+        yield server
+
+
+def check(browser, lab, root, name, kind="lab"):
+    return check_notebook(browser, lab, name, root / name, shots=ARTIFACTS / "probes" / f"{kind}--{name}")
+
+
+def test_healthy_widget_passes(browser, probe_lab, probe_root):
+    """The control: the same checks pass on a healthy notebook, so the failures below mean something."""
+    report = check(browser, probe_lab, probe_root, "healthy_widget.ipynb")
+    assert report.problems == []
+    assert report.widgets == 1 and report.driven == "uint8-overflow"
+
+
+def test_widget_callback_that_raises_is_reported(browser, probe_lab, probe_root):
+    report = check(browser, probe_lab, probe_root, "raising_widget.ipynb")
+    assert report.widgets == 1 and report.driven == "exploding-probe"
+    raised = [p for p in report.problems if "the widget's run raised an exception" in p]
+    assert raised, report.problems
+    assert "deliberate failure in the widget callback" in raised[0]
+
+
+def test_cell_error_is_reported_and_stops_run_all(browser, probe_lab, probe_root):
+    report = check(browser, probe_lab, probe_root, "raising_cell.ipynb")
+    assert any("shows an error output: ZeroDivisionError" in p for p in report.problems), report.problems
+    assert "Run All stopped: 1 code cell(s) never ran (cells [3])" in report.problems, report.problems
+
+
+def test_missing_widget_extension_shows_text_fallback(browser, probe_root):
+    with jupyterlab(probe_root, disabled_extensions=(WIDGET_EXTENSION,)) as lab:
+        report = check(browser, lab, probe_root, "healthy_widget.ipynb", kind="no-widget-extension")
+    assert report.widgets == 0
+    not_live = [p for p in report.problems if "is not a live widget" in p]
+    assert not_live, report.problems
+    assert "PitfallWidget('uint8-overflow')" in not_live[0]  # the text fallback is what the learner sees
+    assert any("widget output(s) but 0 live" in p and "IntSlider" in p for p in report.problems), report.problems
+    # Without a widget manager the page itself logs errors (each widget model's comm has no
+    # target): the console check hears them.
+    assert any(p.startswith("console.error:") for p in report.problems), report.problems
