@@ -64,7 +64,11 @@ class NotebookRun:
 
 
 class _PeakRss:
-    """Samples the RSS of the kernel process tree in a thread; keeps the peak."""
+    """Samples the kernel's RSS plus its workers' private memory in a thread; keeps the peak.
+
+    Forked DataLoader workers share the kernel's pages; adding their full RSS would count the
+    same memory once per worker, so workers count only what they own (USS).
+    """
 
     def __init__(self, interval: float = 0.05):
         self.interval, self.peak, self._stop = interval, 0, threading.Event()
@@ -74,10 +78,12 @@ class _PeakRss:
         me = psutil.Process()
         while not self._stop.is_set():
             total = 0
-            for proc in me.children(recursive=True):
+            for kernel in me.children():
                 try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
+                    total += kernel.memory_info().rss
+                    for worker in kernel.children(recursive=True):
+                        total += worker.memory_full_info().uss
+                except psutil.Error:  # a process that just ended
                     pass
             self.peak = max(self.peak, total)
             self._stop.wait(self.interval)
