@@ -6,7 +6,7 @@ import copy
 import torch
 from torch import nn
 
-from . import NotAttempted, Wrong, calls_stub, exercise, is_stub
+from . import Wrong, calls_stub, exercise
 
 
 class GatedRegressor(nn.Module):
@@ -87,8 +87,6 @@ def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tenso
     hint="zero_grad, forward, mse_loss, backward, clip_grad_norm_ (it returns the norm before clipping), step",
 )
 def check_clipped_step(clipped_step) -> None:
-    if is_stub(clipped_step):
-        raise NotAttempted
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     X = 10 * torch.randn(16, 3, generator=g)               # large inputs: the raw gradient norm is far above 1
