@@ -4,7 +4,7 @@ Importing ptlab changes no global state: no seeding, no warning filters, no back
 """
 from __future__ import annotations
 
-from .claims import ClaimFailed, claim
+from .claims import Check, ClaimFailed, claim, claim_measured, exact, measured, measured_seconds
 from .core import DeviceChoice, choose_device, get_device, seed_everything
 from .exercises import check
 from .pitfalls import all_pitfalls, compare_pitfall, get_pitfall, run_pitfall
@@ -13,7 +13,7 @@ from .timing import compare, format_seconds, time_callable
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClaimFailed", "claim", "DeviceChoice", "choose_device", "get_device", "seed_everything", "check",
+    "Check", "ClaimFailed", "claim", "claim_measured", "exact", "measured", "measured_seconds", "DeviceChoice", "choose_device", "get_device", "seed_everything", "check",
     "all_pitfalls", "compare_pitfall", "get_pitfall", "run_pitfall", "compare", "format_seconds",
     "time_callable", "show_pitfall", "versions",
 ]

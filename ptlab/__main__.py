@@ -31,7 +31,10 @@ def _pitfalls(args: argparse.Namespace) -> int:
         print(f"{record.id} ({'fixed' if args.fixed else 'bug on'}): {record.title}")
         for name, value in outcome.formatted_figures().items():
             print(f"  {name}: {value}")
-        print(f"  symptom shows: {outcome.broken}  ({record.symptom})")
+        print(f"  symptom shows: {outcome.broken} (every check holds)" if outcome.broken
+              else f"  symptom shows: {outcome.broken} (not every check holds)")
+        for check in outcome.checks:
+            print(f"  {'✔' if check.holds else '✘'} {check.line()}")
         return 0
     print(catalogue_json() if args.json else catalogue_text())
     return 0

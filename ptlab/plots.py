@@ -1,8 +1,8 @@
 """Small matplotlib figures shared by the widgets and the notebooks."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .pitfalls.registry import Outcome
 
@@ -15,7 +15,9 @@ def plot_series(outcomes: dict[str, Outcome], title: str = "", size: tuple[float
     names = sorted({name for o in outcomes.values() for name in o.series})
     if not names:
         return None
-    fig, axes = plt.subplots(1, len(names), figsize=(size[0] * len(names), size[1]), squeeze=False)
+    # A bare Figure, not pyplot: the inline backend never shows or closes it behind a widget's back.
+    fig = Figure(figsize=(size[0] * len(names), size[1]))
+    axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         for label, outcome in outcomes.items():
             values = outcome.series.get(name)
@@ -23,6 +25,7 @@ def plot_series(outcomes: dict[str, Outcome], title: str = "", size: tuple[float
                 colour = BUGGY_COLOUR if label.startswith("bug") else FIXED_COLOUR
                 ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label, color=colour)
                 ax.set_xlabel(outcome.x_label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole numbers
         ax.set_title(name)
         ax.grid(alpha=0.3)
         ax.legend()

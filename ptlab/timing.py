@@ -41,7 +41,9 @@ class Timing:
         return statistics.median(self.seconds)
 
     def __str__(self) -> str:
-        return f"{self.name}: median {format_seconds(self.median)} over {len(self.seconds)} runs"
+        from .claims import measured_seconds
+
+        return f"{self.name}: median {measured_seconds(self.median)} over {len(self.seconds)} runs"
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ class Comparison:
         return self.a.median / self.b.median
 
     def __str__(self) -> str:
-        return f"{self.a}\n{self.b}\n{self.a.name} / {self.b.name} = {self.ratio:.2f}x"
+        from .claims import measured
+
+        return f"{self.a}\n{self.b}\n{self.a.name} / {self.b.name} = {measured(self.ratio, 3)}x"
 
 
 def format_seconds(seconds: float) -> str:

@@ -6,10 +6,9 @@ import time
 import traceback
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
 from IPython.display import display
 
-from .pitfalls import Pitfall, get_pitfall
+from .pitfalls import Outcome, Pitfall, get_pitfall
 from .plots import plot_series
 
 _LINE_STYLE = {
@@ -29,13 +28,15 @@ def code_html(record: Pitfall) -> str:
             'overflow-x:auto">' + "".join(rows) + "</div>")
 
 
-def figures_html(figures: dict[str, str], broken: bool, symptom: str) -> str:
-    """A small table of figures with a verdict line."""
-    verdict = (f'<b style="color:#c0392b">BROKEN</b>: {html.escape(symptom)}' if broken
-               else '<b style="color:#27ae60">OK</b>: the symptom does not show')
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td><code>{html.escape(v)}</code></td></tr>"
-                   for k, v in figures.items())
-    return f'<div class="ptlab-verdict">{verdict}</div><table class="ptlab-figures">{rows}</table>'
+def figures_html(outcome: Outcome) -> str:
+    """The verdict, the checks that decided it (each ✔ or ✘), and a small table of figures."""
+    verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
+               else '<b style="color:#27ae60">OK</b>: not every check of the symptom holds')
+    checks = "".join(f"<div>{'✔' if c.holds else '✘'} {html.escape(c.line())}</div>" for c in outcome.checks)
+    rows = "".join(f"<tr><td style='padding-right:1.5em'>{html.escape(k)}</td><td><code>{html.escape(v)}</code></td></tr>"
+                   for k, v in outcome.formatted_figures().items())
+    return (f'<div class="ptlab-verdict">{verdict}</div><div class="ptlab-checks">{checks}</div>'
+            f'<table class="ptlab-figures">{rows}</table>')
 
 
 class PitfallWidget(widgets.VBox):
@@ -83,11 +84,10 @@ class PitfallWidget(widgets.VBox):
             label = "bug on" if buggy else "fixed"
             self.outcomes[label] = outcome
             display(widgets.HTML(f"<div class='ptlab-run' data-mode='{label}'><b>Run: {label}</b></div>"
-                                 + figures_html(outcome.formatted_figures(), outcome.broken, self.record.symptom)))
+                                 + figures_html(outcome)))
             fig = plot_series(self.outcomes, title=self.record.title)  # both modes once both have run
             if fig is not None:
                 display(fig)
-                plt.close(fig)
         self.status.value = f"done in {time.perf_counter() - start:.1f} s ({label})"
 
     def __repr__(self) -> str:

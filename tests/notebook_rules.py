@@ -78,8 +78,9 @@ def problems(nb) -> list[str]:
             found.append(f"{where} has no stored output: show what it did")
         for line in cell.source.splitlines():
             comment = line.strip().lstrip("#").strip() if line.strip().startswith("#") else ""
-            if comment.startswith("NBVAL_") and comment not in cell_marks(cell):
-                found.append(f"{where}: nbval ignores {comment!r}; put the marker alone on its comment line")
+            if comment.startswith("NBVAL_"):
+                found.append(f"{where}: {comment!r} is a comment learners read; use the cell tag "
+                             f"({comment.lower().replace('_', '-')}) instead")
         for output in cell.outputs:
             text = output_text(output)
             if output.output_type == "error" and "NBVAL_RAISES_EXCEPTION" not in cell_marks(cell):

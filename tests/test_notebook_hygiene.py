@@ -39,7 +39,8 @@ def test_notebook_is_clean(path):
 def test_most_cells_are_output_checked(path):
     fraction = checked_fraction(nbformat.read(path, as_version=4))
     CHECKED_FRACTIONS[str(path.relative_to(ROOT))] = fraction
-    assert fraction >= 0.85, f"{path.name}: only {fraction:.0%} of code cells are output-checked (need 85%)"
+    assert fraction >= 0.80, (f"{path.name}: only {fraction:.0%} of code cells have output strict nbval really "
+                              "compares (need 80%; a widget view or a figure alone does not count)")
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
@@ -110,10 +111,29 @@ def test_the_rules_catch_each_defect():
         new_code_cell("import torch", execution_count=4, outputs=[new_output(
             "stream", name="stderr", text="FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated\n")]),
         new_code_cell("def claim(s, ok):\n    pass", execution_count=5, outputs=[]),
-        new_code_cell("# NBVAL_IGNORE_OUTPUT  (timings)\nprint(1)", execution_count=6,
+        new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(1)", execution_count=6,
                       outputs=[new_output("stream", name="stdout", text="1\n")]),
     ]
     found = "\n".join(problems(nb))
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
-                     "FutureWarning", "has no stored output", "defines ['claim']", "nbval ignores"):
+                     "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag"):
         assert expected in found, f"{expected!r} not reported in:\n{found}"
+
+
+def test_checked_share_counts_only_outputs_nbval_compares():
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from ptlab.nbrun import checked_fraction
+
+    widget = new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                              "text/plain": "PitfallWidget('x')"})
+    figure = new_output("display_data", data={"image/png": "", "text/plain": "<Figure size 550x300 with 1 Axes>"})
+    printed = new_output("stream", name="stdout", text="✔ fine\n")
+    ignored = new_code_cell("print(1)", execution_count=4, outputs=[printed])
+    ignored.metadata["tags"] = ["nbval-ignore-output"]
+    nb = new_notebook()
+    nb.cells = [new_code_cell("show()", execution_count=1, outputs=[widget]),
+                new_code_cell("plot()", execution_count=2, outputs=[figure]),
+                new_code_cell("print(1)", execution_count=3, outputs=[printed, figure]),
+                ignored]
+    assert checked_fraction(nb) == 0.25

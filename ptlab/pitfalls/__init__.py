@@ -4,9 +4,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..claims import MEASURED, Check, claim
 from .registry import Outcome, Pitfall, format_figure, pitfall, registered
 
-__all__ = ["Outcome", "Pitfall", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "format_figure"]
+__all__ = ["Check", "Outcome", "Pitfall", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "format_figure"]
 
 _TOPIC_MODULES_SKIPPED = {"registry"}
 
@@ -44,6 +45,10 @@ def run_pitfall(pitfall_id: str, buggy: bool = True) -> Outcome:
 class PitfallComparison:
     """A pitfall run both ways; printing it gives a side-by-side table of the figures."""
 
+    # Columns are as wide as the exact values need, never the measured ones, so that a table lines up
+    # the same way on every machine (nbval masks a measured figure together with its padding).
+    MEASURED_WIDTH = 12
+
     def __init__(self, record: Pitfall, buggy: Outcome, fixed: Outcome):
         self.record, self.buggy, self.fixed = record, buggy, fixed
 
@@ -51,12 +56,17 @@ class PitfallComparison:
         """Figures of both runs side by side, as fixed-width text."""
         bug, fix = self.buggy.formatted_figures(), self.fixed.formatted_figures()
         names = list(dict.fromkeys([*bug, *fix]))
-        width = max([len(n) for n in names] + [len("symptom shows")]) + 2
-        col = max([len(v) for v in [*bug.values(), *fix.values()]] + [8]) + 2
+        width = max(len(n) for n in names) + 2 if names else 2
+        exact_widths = [len(v) for v in [*bug.values(), *fix.values()] if not v.startswith(MEASURED)]
+        col = max(exact_widths + [self.MEASURED_WIDTH, len("bug on")]) + 2
         lines = [f"{self.record.id}", f"  {'':<{width}}{'bug on':<{col}}fixed"]
-        lines += [f"  {n:<{width}}{bug.get(n, '-'):<{col}}{fix.get(n, '-')}" for n in names]
-        lines.append(f"  {'symptom shows':<{width}}{str(self.buggy.broken):<{col}}{self.fixed.broken}")
+        lines += [f"  {n:<{width}}{bug.get(n, '-'):<{col}}{fix.get(n, '-')}".rstrip() for n in names]
         return "\n".join(lines)
+
+    def verdict_lines(self) -> list[str]:
+        """One line per check: with the bug on each holds, fixed none does."""
+        return ([f"bug on: {c.line()}" for c in self.buggy.checks]
+                + [f"fixed: {c.line()}" for c in self.fixed.checks])
 
     def plot(self):
         """Both runs' series in one figure (None when the pitfall has no series)."""
@@ -73,20 +83,23 @@ class PitfallComparison:
 
 
 def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
-    """Run a pitfall buggy and fixed, print the figures side by side, and assert the contract."""
-    from ..claims import claim
+    """Run a pitfall buggy and fixed, print the figures side by side, and assert each check both ways.
 
+    With the bug on, every check must hold (the symptom shows); fixed, none may (it is gone).
+    """
     record = get_pitfall(pitfall_id)
     comparison = PitfallComparison(record, record.run(buggy=True), record.run(buggy=False))
     print(comparison.table())
-    claim(f"bug on shows the symptom ({record.symptom})", comparison.buggy.broken)
-    claim("fixed code does not", not comparison.fixed.broken)
+    for check in comparison.buggy.checks:
+        claim(f"bug on: {check.line()}", check.holds)
+    for check in comparison.fixed.checks:
+        claim(f"fixed: {check.line()}", not check.holds)
     if plot:
-        import matplotlib.pyplot as plt
+        from IPython.display import display
 
         fig = comparison.plot()
         if fig is not None:
-            plt.show()
+            display(fig)
     return comparison
 
 

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import inspect
-import math
 import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
+
+from ..claims import Check, show
 
 Number = int | float
 
@@ -16,36 +17,39 @@ _REGISTRY: dict[str, "Pitfall"] = {}
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one run measured: named figures, series to plot, and whether the symptom showed."""
+    """What one run measured: named figures, series to plot, and the checks that decide the symptom.
+
+    The symptom shows (`broken`) when every check holds. A check is a statement with its measured
+    value and its bound, so the verdict prints exactly what was asserted. Figures and check values
+    follow one display rule (`ptlab.claims.show`): floats are measured ('≈', masked by nbval),
+    ints, bools and strings are exact.
+    """
 
     figures: dict[str, Number | str]
-    broken: bool
+    checks: list[Check]
     series: dict[str, list[float]] = field(default_factory=dict)
     x_label: str = "step"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.broken, bool):
-            raise TypeError(f"Outcome.broken must be a bool, got {type(self.broken).__name__}")
+        if not self.checks or not all(isinstance(c, Check) for c in self.checks):
+            raise TypeError("Outcome.checks must be a non-empty list of ptlab.claims.Check")
         for name, values in self.series.items():
             if not all(isinstance(v, (int, float)) for v in values):
                 raise TypeError(f"Outcome.series[{name!r}] must hold plain numbers (call .item() on tensors)")
 
+    @property
+    def broken(self) -> bool:
+        """The symptom shows: every check holds."""
+        return all(check.holds for check in self.checks)
+
     def formatted_figures(self) -> dict[str, str]:
-        """Figures as stable text: floats to 4 significant digits, so outputs reproduce."""
+        """Figures as text by the one display rule: floats measured ('≈'), everything else exact."""
         return {name: format_figure(value) for name, value in self.figures.items()}
 
 
 def format_figure(value: Number | str) -> str:
-    """One figure as text, rounded so it reads well and reproduces across runs."""
-    if isinstance(value, bool) or isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if math.isnan(value) or math.isinf(value):
-        return str(value)
-    if abs(value) < 5e-5:  # below the printed precision: noise digits would not reproduce
-        return "0"
-    return f"{value:.4g}"
+    """One figure as text: a float is a measured figure ('≈', 4 significant digits), the rest exact."""
+    return show(value)
 
 
 @dataclass(frozen=True)
