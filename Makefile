@@ -1,4 +1,5 @@
-# Every target sets itself up: a fresh clone needs only Python 3.10+ and make.
+# Every target sets itself up: a fresh clone needs Python 3.10+ with its venv module, make, network
+# access to PyPI for the first install, and about 10 GB of free disk (tools/check_setup.py says what is missing).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ SECOND_CONFIG := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_IS
 # A CPU with AVX2 only (no AVX-512), emulated on a faster one: what the budgets are set for.
 AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 
-.PHONY: help setup lab test test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 doctor lock catalogue clean
+.PHONY: check-setup handout help setup lab test test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 doctor lock catalogue clean
 
 help:
 	@echo "make lab            set up .venv and start JupyterLab on notebooks/"
@@ -22,57 +23,76 @@ help:
 	@echo "make notebooks      re-execute every notebook in place (refresh committed outputs)"
 	@echo "make bench          run every notebook once: time, slowest cell, peak RSS, checked share"
 	@echo "make bench-avx2     the same, with AVX-512 switched off (the CPU the budgets are set for)"
+	@echo "make handout        a zip for learners: no solutions, no answers, one top-level folder"
 	@echo "make lock           recompile requirements.lock from requirements.in (needs uv)"
+	@echo "make clean          remove .venv and test artefacts (do this if set-up says the venv is broken)"
 
-$(READY): requirements.lock pyproject.toml
+# Python too old, no venv module, a venv that was moved or made by another Python: say so before pip does.
+check-setup:
+	@$(PYTHON) tools/check_setup.py $(VENV)
+
+$(READY): requirements.lock pyproject.toml tools/jupyterlab-overrides.json | check-setup
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements.lock
+	@echo "Installing the pinned environment into $(VENV): a few minutes and about 6.4 GB (torch with CUDA) on Linux."
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on --require-hashes -r requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# JupyterLab settings for this venv only (your own JupyterLab is untouched): no news pop-up.
+	@mkdir -p $(VENV)/share/jupyter/lab/settings
+	@cp tools/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $@
 
-setup: $(READY)
+setup: check-setup $(READY)
 
-lab: $(READY)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT)
+# JupyterLab refuses to run as root without --allow-root (Docker, CI); a normal user never needs it.
+lab: check-setup $(READY)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-doctor: $(READY)
+doctor: check-setup $(READY)
 	$(PY) -m ptlab doctor
 
-test: $(READY)
+test: check-setup $(READY)
 	$(PY) -m ptlab doctor
 	$(PY) -m pytest tests notebooks --ignore=tests/browser $(NBVAL)
 
-test-unit: $(READY)
+test-unit: check-setup $(READY)
 	$(PY) -m pytest tests --ignore=tests/browser
 
-test-notebooks: $(READY)
+test-notebooks: check-setup $(READY)
 	$(PY) -m pytest notebooks $(NBVAL)
 
-test-second-config: $(READY)
+test-second-config: check-setup $(READY)
 	env $(SECOND_CONFIG) $(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider
 
 # Needs Debian's chromium (apt-get install -y chromium; PTLAB_CHROMIUM=path for another one).
 # PTLAB_UPDATE_DOCS=1 also refreshes docs/widget.png from the screenshot it takes.
-test-browser: $(READY)
+test-browser: check-setup $(READY)
 	@test -x "$${PTLAB_CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser: no chromium at $${PTLAB_CHROMIUM:-/usr/bin/chromium}; install it: sudo apt-get install -y chromium" >&2; exit 1; }
-	$(PY) -m pytest tests/browser -p no:cacheprovider -v
+	$(PY) -m pytest tests/browser -m browser -p no:cacheprovider -v
 
 # Outputs are regenerated on the CPU (a GPU would print its name in error messages and reprs).
-notebooks: $(READY)
+notebooks: check-setup $(READY)
 	PTLAB_DEVICE=cpu $(PY) -m ptlab notebooks notebooks
 
-bench: $(READY)
+bench: check-setup $(READY)
 	$(PY) -m ptlab bench notebooks
 
-bench-avx2: $(READY)
+bench-avx2: check-setup $(READY)
 	env $(AVX2_CPU) $(PY) -m ptlab bench notebooks
 
-catalogue: $(READY)
+catalogue: check-setup $(READY)
 	$(PY) -m ptlab catalogue --write
 
 lock:
 	uv pip compile requirements.in --universal --python-version 3.10 --generate-hashes --no-header \
 		--custom-compile-command "make lock" -o requirements.lock
+
+# The learners' copy: everything but the solutions and the tests that hold or need the answers, in one
+# top-level folder. Made from the committed HEAD, so commit first.
+HANDOUT ?= ptlab-handout
+handout:
+	git archive --format=zip --prefix=$(HANDOUT)/ -o $(HANDOUT).zip HEAD -- . \
+		':(exclude)notebooks/solutions' ':(exclude)tests/test_exercises.py'
+	@echo "wrote $(HANDOUT).zip: unzip, cd $(HANDOUT), make lab. Publish notebooks/solutions/ after the session."
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts

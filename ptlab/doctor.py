@@ -49,10 +49,29 @@ def _bf16_autocast(device: torch.device) -> Check:
             out = torch.ones(4, 4, device=device) @ torch.ones(4, 4, device=device)
         ok = out.dtype == torch.bfloat16
         return Check("bf16 autocast", f"works on {device.type}" if ok else f"gives {out.dtype}",
-                     ok=ok, required=False, fix="chapter 5 falls back to float32 timing comparisons")
+                     ok=ok, required=False, fix="chapter 6 (mixed precision) then compares float32 only")
     except Exception as err:
         return Check("bf16 autocast", f"unavailable on {device.type}: {type(err).__name__}", ok=False,
-                     required=False, fix="chapter 5 falls back to float32 timing comparisons")
+                     required=False, fix="chapter 6 (mixed precision) then compares float32 only")
+
+
+def native_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic in hardware (AVX-512 BF16 or AMX on x86, BF16 on ARM)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = " ".join(line for line in cpuinfo if line.startswith(("flags", "Features")))
+    except OSError:  # macOS, Windows: no /proc; Apple silicon from M2 on has BF16
+        return platform.system() == "Darwin" and platform.machine() == "arm64" and "M1" not in platform.processor()
+    capability = torch.backends.cpu.get_cpu_capability()
+    x86 = ("avx512_bf16" in flags or "amx_bf16" in flags) and capability.startswith("AVX512")
+    return x86 or " bf16" in f" {flags}"
+
+
+def _cpu_instructions() -> Check:
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = "native bf16" if native_bf16() else "no native bf16 (bf16 autocast is slower than float32 here)"
+    return Check("CPU instructions", f"{capability} kernels, {bf16}", required=False)
 
 
 def _compiler() -> Check:
@@ -60,7 +79,7 @@ def _compiler() -> Check:
     if cc:
         return Check("C++ compiler (torch.compile on CPU)", cc.rsplit("/", 1)[-1])
     return Check("C++ compiler (torch.compile on CPU)", "not found", ok=False, required=False,
-                 fix="install g++ (Debian/Ubuntu: apt install g++; macOS: xcode-select --install) for chapter 7")
+                 fix="install g++ (Debian/Ubuntu: apt install g++; macOS: xcode-select --install) for chapter 8 (torch.compile)")
 
 
 def _dataset() -> Check:
@@ -82,18 +101,29 @@ def _jupyter() -> list[Check]:
     return checks
 
 
+def _device() -> tuple[Check, torch.device]:
+    try:
+        choice = choose_device()
+    except (ValueError, RuntimeError) as err:  # a PTLAB_DEVICE this machine cannot honour
+        return Check("device", str(err), ok=False,
+                     fix="unset PTLAB_DEVICE (the course picks cuda, mps or cpu itself) or set it to cpu"), \
+            torch.device("cpu")
+    return Check("device", str(choice), required=False), choice.device
+
+
 def run_checks() -> list[Check]:
     """Every readiness check, in the order the report prints them."""
-    choice = choose_device()
+    device_check, device = _device()
     checks = [
         Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer"),
         _version_check("torch", "make lab installs the pinned version from requirements.lock"),
         _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
-        Check("device", str(choice), required=False),
-        _bf16_autocast(choice.device),
+        device_check,
+        _bf16_autocast(device),
         _compiler(),
         Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
               required=False),
+        _cpu_instructions(),
         _dataset(),
         *_jupyter(),
     ]
@@ -111,7 +141,8 @@ def report(checks: list[Check]) -> tuple[str, int]:
             lines.append(f"         {'':<{width}}-> {c.fix}")
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:
-        lines.append(f"NOT READY: the course needs {', '.join(missing)}. Run `make lab` (or `make test`) to set it up.")
+        lines.append(f"NOT READY: the course needs {', '.join(missing)}: follow the -> lines above "
+                     "(`make lab` installs every missing package).")
     else:
         lines.append("READY: everything the course needs is here.")
     return "\n".join(lines), 1 if missing else 0

@@ -21,12 +21,19 @@ def test_pitfalls_json_lists_chapter_1():
     assert {"id", "chapter", "title", "symptom", "why", "catch"} <= set(records[0])
 
 
-def test_pitfalls_run_prints_figures(capsys):
-    assert main(["pitfalls", "run", "uint8-overflow"]) == 0
-    out = capsys.readouterr().out
-    assert "(bug on)" in out and "pixels that got darker: 0.3656" in out and "symptom shows: True" in out
-    assert main(["pitfalls", "run", "uint8-overflow", "--fixed"]) == 0
-    assert "symptom shows: False" in capsys.readouterr().out
+def test_pitfalls_run_prints_figures_and_each_check(capsys):
+    from ptlab.pitfalls import get_pitfall
+
+    record = get_pitfall("uint8-overflow")
+    for args, buggy in ((["pitfalls", "run", record.id], True), (["pitfalls", "run", record.id, "--fixed"], False)):
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        outcome = record.run(buggy=buggy)
+        assert f"({'bug on' if buggy else 'fixed'})" in out and f"symptom shows: {buggy}" in out
+        for name, value in outcome.formatted_figures().items():
+            assert f"  {name}: {value}\n" in out
+        for check in outcome.checks:
+            assert f"{'✔' if check.holds else '✘'} {check.line()}" in out
 
 
 def test_pitfalls_run_unknown_id(capsys):
@@ -50,6 +57,21 @@ def test_doctor_names_what_is_missing(monkeypatch):
     assert code == 1 and "NOT READY" in text and "jupyterlab" in text.splitlines()[-1]
 
 
+def test_doctor_reports_a_bad_device_setting_as_a_fail_line():
+    import os
+
+    result = subprocess.run([sys.executable, "-m", "ptlab", "doctor"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env={**os.environ, "PTLAB_DEVICE": "tpu"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "[FAIL] device" in result.stdout and "PTLAB_DEVICE='tpu'" in result.stdout
+    assert "-> unset PTLAB_DEVICE" in result.stdout and "NOT READY" in result.stdout
+
+
 def test_readme_catalogue_is_current():
+    from ptlab.pitfalls import all_pitfalls
+
     assert readme_is_current(ROOT / "README.md"), "run `python -m ptlab catalogue --write`"
-    assert all(f"pitfalls run {line}" for line in catalogue_markdown().splitlines()[2:])
+    rows = catalogue_markdown().splitlines()[2:]
+    commands = [row.rsplit("|", 2)[-2].strip() for row in rows]
+    assert commands == [f"`python -m ptlab pitfalls run {p.id}`" for p in all_pitfalls()], \
+        "each row's command must run the pitfall of that row"
