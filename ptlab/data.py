@@ -22,7 +22,24 @@ CLASSES: tuple[str, ...] = (
     "arrow_up", "arrow_down", "circle", "ring", "square",
     "frame", "triangle", "cross", "star", "stripes",
 )
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR_ENV = "PTLAB_DATA_DIR"
+
+
+def _data_dir() -> Path:
+    """Where the dataset file lives: $PTLAB_DATA_DIR, else the checkout's data/, else ~/.cache/ptlab/data.
+
+    An installed wheel has no data/ beside the package; there the generator rebuilds the identical
+    file into the cache folder (`python -m ptlab data --rebuild`), or PTLAB_DATA_DIR points at a copy.
+    """
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    checkout = Path(__file__).resolve().parent.parent / "data"
+    if checkout.is_dir():
+        return checkout
+    return Path.home() / ".cache" / "ptlab" / "data"
+
+
+DATA_DIR = _data_dir()  # read once, on import
 DATASET_FILE = DATA_DIR / "ptlab_shapes_v1.npz"
 DATASET_SHA256 = "6a6b6dcbd0e01e34fc021fc48f009607737ef24ea5b867ca0066a749bc29523a"
 # Per-channel mean and std of the train split, 0-1 scale (tests/test_data.py checks them).
@@ -32,7 +49,8 @@ STD: tuple[float, float, float] = (0.2602, 0.2598, 0.2614)
 DATASET_ENV = "PTLAB_DATASET"
 DATA_ROOT_ENV = "PTLAB_DATA_ROOT"
 DATASET_NAMES = ("embedded", "cifar10")
-_FIX_HINT = "restore it with `git checkout data/ptlab_shapes_v1.npz` or rebuild it with `python -m ptlab data --rebuild`"
+_FIX_HINT = ("rebuild it with `.venv/bin/python -m ptlab data --rebuild`: the generator writes the identical "
+             "file in about 15 s (no git or network needed)")
 
 # ---------------------------------------------------------------- the generator (pure numpy)
 _SIZE = 32
@@ -211,7 +229,8 @@ def verify_dataset(path: str | Path | None = None) -> str:
     """The sha256 of the dataset file, or DatasetError if it is missing, unreadable or changed."""
     path = Path(path) if path is not None else DATASET_FILE
     if not path.is_file():
-        raise DatasetError(f"dataset file {path} is missing; {_FIX_HINT}")
+        raise DatasetError(f"dataset file {path} is missing; {_FIX_HINT} (or set {DATA_DIR_ENV} to the folder "
+                           "that holds it)")
     try:
         found = _sha256(path)
     except OSError as err:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def test_a_corrupted_copy_is_refused(tmp_path) -> None:
         byte = f.read(1)
         f.seek(1000)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(DatasetError, match="ptlab_shapes_v1.npz.*corrupted.*git checkout"):
+    with pytest.raises(DatasetError, match="ptlab_shapes_v1.npz.*corrupted.*ptlab data --rebuild"):
         verify_dataset(copy)
     with pytest.raises(DatasetError, match="corrupted"):
         load_arrays(True, path=copy)
@@ -156,3 +157,31 @@ def test_import_changes_no_global_state() -> None:
             "ptlab.models, ptlab.train; assert torch.get_num_threads() == n; assert torch.initial_seed() == s; "
             "assert ptlab.data._load_file.cache_info().currsize == 0")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_finds_or_names_the_dataset(tmp_path) -> None:
+    """`pip install .` has no data/ beside the package: PTLAB_DATA_DIR or a rebuild, with a clear error."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(root)],
+                   check=True, timeout=300, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("ptlab-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                   check=True, timeout=300, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "PTLAB_DATA_DIR"}
+    env.update(PYTHONPATH=str(tmp_path / "site"), HOME=str(tmp_path / "home"))
+    code = "import ptlab.data as d; print(d.__file__); print(d.load_arrays(True)[0].shape)"
+
+    missing = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 1 and "DatasetError" in missing.stderr
+    assert "is missing" in missing.stderr and "ptlab data --rebuild" in missing.stderr and "PTLAB_DATA_DIR" in missing.stderr
+
+    found = subprocess.run([sys.executable, "-c", code], env={**env, "PTLAB_DATA_DIR": str(root / "data")},
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert str(tmp_path / "site") in found.stdout and "(8000, 32, 32, 3)" in found.stdout

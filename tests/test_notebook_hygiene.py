@@ -57,12 +57,16 @@ def test_every_exercise_is_posed_and_solved(path):
     exercises = all_exercises(chapter=chapter)
     assert len(exercises) >= 2, f"chapter {chapter} needs at least 2 exercises"
     posed = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for ex in exercises:
+        assert f'check("{ex.id}"' in posed, f"{path.name} does not pose {ex.id}"
     solution_path = path.parent / "solutions" / path.name
+    if not (path.parent / "solutions").exists():
+        pytest.skip("no notebooks/solutions/ (a workshop handout): the solutions are checked in the full course")
     assert solution_path.exists(), f"{solution_path.name} is missing from notebooks/solutions/"
     solved = "\n".join(c.source for c in nbformat.read(solution_path, as_version=4).cells if c.cell_type == "code")
     for ex in exercises:
-        assert f'check("{ex.id}"' in posed, f"{path.name} does not pose {ex.id}"
-        assert f'assert check("{ex.id}"' in solved and '== "correct"' in solved, f"{solution_path} does not solve {ex.id}"
+        pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
+        assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
 
 
 def _run_nbval(tmp_path, cells, extra_files=None):
