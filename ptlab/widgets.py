@@ -28,6 +28,12 @@ def code_html(record: Pitfall) -> str:
             'overflow-x:auto">' + "".join(rows) + "</div>")
 
 
+def prose_html(text: str) -> str:
+    """Record prose as HTML: `backticked` spans become inline code, everything else is escaped."""
+    parts = html.escape(text).split("`")
+    return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
+
+
 def figures_html(outcome: Outcome) -> str:
     """The verdict, the checks that decided it (each ✔ or ✘), and a small table of figures."""
     verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
@@ -46,7 +52,8 @@ class PitfallWidget(widgets.VBox):
         self.record = record
         self.bug_toggle = widgets.Checkbox(value=True, description="bug on", indent=False)
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
-        self.status = widgets.Label(value="press Run")
+        # Saved with the notebook, this text is what a learner sees before the cell runs in a live kernel.
+        self.status = widgets.Label(value="press Run (nothing happens? run this cell first: the widget needs a live kernel)")
         self.output = widgets.Output()
         self.last_outcome = None
         self.outcomes: dict[str, object] = {}  # the latest run of each mode, plotted together
@@ -56,8 +63,8 @@ class PitfallWidget(widgets.VBox):
             f"<div><i>Symptom:</i> {html.escape(record.symptom)} "
             f"<span style='color:#888'>[{record.id}, chapter {record.chapter}]</span></div>")
         explanation = widgets.HTML(
-            f"<div><b>Why:</b> {html.escape(record.why)}</div>"
-            f"<div><b>Catch it in your code:</b> {html.escape(record.catch)}</div>")
+            f"<div style='line-height:1.4;margin-top:4px'><b>Why:</b> {prose_html(record.why)}</div>"
+            f"<div style='line-height:1.4;margin-top:4px'><b>Catch it in your code:</b> {prose_html(record.catch)}</div>")
         controls = widgets.HBox([self.bug_toggle, self.run_button, self.status])
         super().__init__([header, widgets.HTML(code_html(record)), controls, self.output, explanation])
         self.add_class("ptlab-pitfall")
@@ -91,7 +98,9 @@ class PitfallWidget(widgets.VBox):
         self.status.value = f"done in {time.perf_counter() - start:.1f} s ({label})"
 
     def __repr__(self) -> str:
-        return f"PitfallWidget({self.record.id!r})"
+        # The text a notebook shows where the widget cannot be drawn (no live kernel, no widget extension).
+        return (f"PitfallWidget({self.record.id!r}): run this cell in a live kernel to get the widget "
+                f"(or try `python -m ptlab pitfalls run {self.record.id}` in a terminal)")
 
 
 def show_pitfall(pitfall_id: str) -> PitfallWidget:
