@@ -82,7 +82,7 @@ def _notebooks(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .nbrun import bench
 
-    return bench([Path(p) for p in args.paths])
+    return bench([Path(p) for p in args.paths], markdown=args.markdown)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_notebooks)
     p = sub.add_parser("bench", help="run every notebook once; time, memory and checked-cell table")
     p.add_argument("paths", nargs="*", default=["notebooks"])
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown, for the README")
     p.set_defaults(func=_bench)
     return parser
 

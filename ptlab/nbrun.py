@@ -164,8 +164,7 @@ def run_notebook(path: Path, write: bool = False) -> NotebookRun:
             _client(nb, path, on_cell_start=on_start, on_cell_executed=on_done).execute()
         except CellExecutionError as err:
             failed = max(started, default=-1)
-            summary = next((line for line in reversed(str(err).splitlines()) if line.strip()), "error")
-            error = f"cell {failed}: {summary.strip()[:200]}"
+            error = f"cell {failed}: {err.ename}: {str(err.evalue).strip()[:200]}"
     wall = time.perf_counter() - start
     if write and error is None:
         for cell in nb.cells:
@@ -203,7 +202,7 @@ def budget_problems(run: NotebookRun) -> list[str]:
     return problems
 
 
-def bench(paths: list[Path]) -> int:
+def bench(paths: list[Path], markdown: bool = False) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
     checked share and pass/fail for each, then every budget that was broken."""
     from tqdm.auto import tqdm
@@ -217,6 +216,8 @@ def bench(paths: list[Path]) -> int:
     if total > BUDGETS["total_s"]:
         problems.append(f"the whole course ran {total:.0f} s > {BUDGETS['total_s']:.0f} s")
     print(bench_table(runs))
+    if markdown:
+        print("\n" + bench_markdown(runs))
     for p in problems:
         print(f"OVER BUDGET OR FAILED: {p}")
     return 1 if problems else 0
@@ -236,3 +237,21 @@ def bench_table(runs: list[NotebookRun]) -> str:
                      f"  {r.peak_rss_mib:12.0f}  {r.checked:6.0%}  {verdict}")
     lines.append(f"{'total':<{width}}  {sum(r.wall_s for r in runs):6.1f}")
     return "\n".join(lines)
+
+
+def bench_markdown(runs: list[NotebookRun]) -> str:
+    """The bench results as the README's Markdown table."""
+    import platform
+
+    import torch
+
+    rows = [f"Measured by `make bench` on {platform.machine()}, {os.cpu_count()} CPUs, "
+            f"{torch.backends.cpu.get_cpu_capability()} kernels, {torch.get_num_threads()} torch threads:", "",
+            "| Notebook | wall s | slowest cell s | peak memory MiB | compared cells | result |",
+            "|---|---|---|---|---|---|"]
+    for r in runs:
+        verdict = "pass" if not r.error and not budget_problems(r) else "FAIL" if r.error else "over budget"
+        rows.append(f"| {r.path.as_posix()} | {r.wall_s:.1f} | {r.slowest_cell_s:.1f} | {r.peak_rss_mib:.0f} "
+                    f"| {r.checked:.0%} | {verdict} |")
+    rows.append(f"| **all** | **{sum(r.wall_s for r in runs):.1f}** | | | | |")
+    return "\n".join(rows)

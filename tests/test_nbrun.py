@@ -3,15 +3,37 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from ptlab.nbrun import NotebookRun, budget_problems, checked_fraction, notebook_paths
 
 
-def test_checked_fraction_counts_skip_and_ignore():
-    nb = new_notebook(cells=[new_code_cell("# NBVAL_IGNORE_OUTPUT\n1"), new_code_cell("# NBVAL_SKIP\n2"),
-                             new_code_cell("3"), new_code_cell("4"), new_code_cell("   "), new_markdown_cell("x")])
+def _printed(source, tags=()):
+    cell = new_code_cell(source, outputs=[new_output("stream", name="stdout", text="1\n")])
+    cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def test_checked_fraction_counts_skip_and_ignore_from_tags_and_comments():
+    nb = new_notebook(cells=[_printed("# NBVAL_IGNORE_OUTPUT\n1"), _printed("2", tags=["nbval-skip"]),
+                             _printed("3"), _printed("4"), new_code_cell("   "), new_markdown_cell("x")])
     assert checked_fraction(nb) == 0.5
+
+
+@pytest.mark.slow
+def test_bench_runs_every_notebook_even_after_one_fails(tmp_path, capsys):
+    from ptlab.nbrun import bench
+
+    good = new_notebook(cells=[new_code_cell("print('fine')")])
+    bad = new_notebook(cells=[new_code_cell("raise ValueError('a claim failed')"), new_code_cell("print(1)")])
+    for name, nb in (("01_bad.ipynb", bad), ("02_good.ipynb", good)):
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / name)
+    assert bench([tmp_path], markdown=True) == 1
+    out = capsys.readouterr().out
+    assert "01_bad.ipynb" in out and "02_good.ipynb" in out
+    assert "FAIL" in out and "failed at cell 0: ValueError: a claim failed" in out
+    assert "| **all** |" in out
 
 
 def test_budget_problems_name_each_overrun():
