@@ -79,3 +79,20 @@ def test_outcome_rejects_tensor_series():
 
     with pytest.raises(TypeError, match="plain numbers"):
         Outcome(figures={}, checks=[Check("x", 1, "> 0")], series={"loss": [torch.tensor(1.0)]})
+
+
+def test_running_a_pitfall_leaves_the_callers_random_state_alone():
+    import random
+
+    import numpy as np
+    import torch
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    expected = draws()
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    for record in all_pitfalls(chapter=1):
+        record.run(buggy=True)
+    assert draws() == expected

@@ -90,11 +90,36 @@ def check(exercise_id: str, answer: Any) -> "Verdict":
         detail = f" {wrong}" if str(wrong) else ""
         print(f"✘ {ex.id}: not yet.{detail} Hint: {ex.hint}")
         return Verdict(WRONG)
-    except Exception as err:  # the learner's code raised: say so, with the hint
-        print(f"✘ {ex.id}: your answer raised {type(err).__name__}: {err}. Hint: {ex.hint}")
+    except Exception as err:
+        if raised_in_learner_code(err):
+            print(f"✘ {ex.id}: your answer raised {type(err).__name__}: {err}. Hint: {ex.hint}")
+        else:  # only ptlab's checker and libraries ran: the answer's type, or a bug in the checker
+            print(f"✘ {ex.id}: the checker could not use your answer: {type(err).__name__}: {err}. "
+                  f"Task: {ex.task}. (If your answer fits the task, this is a bug in the checker: please report it.)")
         return Verdict(WRONG)
     print(f"✔ {ex.id}: correct.")
     return Verdict(CORRECT)
+
+
+def raised_in_learner_code(err: BaseException) -> bool:
+    """True when a frame of the traceback is the learner's code (a notebook cell or their own module),
+    not ptlab's checker, the standard library or an installed package."""
+    import os
+    import sys
+    import sysconfig
+
+    ptlab_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    library_dirs = {os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                                 sysconfig.get_paths()["platlib"], sys.prefix, sys.base_prefix)}
+    tb = err.__traceback__
+    while tb is not None:
+        filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        ours = filename.startswith(ptlab_dir + os.sep)
+        library = any(filename.startswith(d + os.sep) for d in library_dirs)
+        if not ours and not library:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def calls_stub(fn: Callable[..., Any], *args: Any) -> Any:

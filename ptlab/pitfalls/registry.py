@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import re
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,8 +66,13 @@ class Pitfall:
     reproduce: Callable[[bool], Outcome]
 
     def run(self, buggy: bool = True) -> Outcome:
-        """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured."""
-        outcome = self.reproduce(buggy=bool(buggy))
+        """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured.
+
+        Reproductions seed what they use; the caller's torch (CPU and CUDA), NumPy and `random`
+        states are restored afterwards, so running a pitfall never changes the learner's own results.
+        """
+        with preserved_random_state():
+            outcome = self.reproduce(buggy=bool(buggy))
         if not isinstance(outcome, Outcome):
             raise TypeError(f"pitfall {self.id!r} returned {type(outcome).__name__}, expected Outcome")
         return outcome
@@ -86,6 +92,24 @@ class Pitfall:
         """The catalogue entry (everything but the code), JSON-ready."""
         return {"id": self.id, "chapter": self.chapter, "title": self.title, "symptom": self.symptom,
                 "why": self.why, "catch": self.catch}
+
+
+@contextmanager
+def preserved_random_state():
+    """Restore torch's CPU and CUDA generators, NumPy's global one and `random` on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
 
 
 def _marker(line: str) -> str | None:
