@@ -33,14 +33,6 @@ PROBES = {
                              'import ipywidgets\nipywidgets.IntSlider(value=3)'],
     "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall', 'show_pitfall("exploding-probe")'],
     "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
-    # An output whose parent is no cell of the page: JupyterLab puts it in the Log Console.
-    "orphan_output.ipynb": ['k = get_ipython().kernel\n'
-                            'parent = {"header": {"msg_id": "no-such-cell", "msg_type": "execute_request", '
-                            '"username": "probe", "session": k.session.session, "date": "2026-01-01T00:00:00Z", '
-                            '"version": "5.3"}}\n'
-                            'k.session.send(k.iopub_socket, "display_data", {"data": {"text/plain": "orphan output"}, '
-                            '"metadata": {}, "transient": {}}, parent=parent)\n'
-                            'print("sent")'],
 }
 
 
@@ -91,9 +83,10 @@ def test_cell_error_is_reported_and_stops_run_all(browser, probe_lab, probe_root
     assert "Run All stopped: 1 code cell(s) never ran (cells [3])" in report.problems, report.problems
 
 
-def test_output_that_lost_its_cell_is_reported(browser, probe_lab, probe_root):
-    report = check(browser, probe_lab, probe_root, "orphan_output.ipynb")
-    assert any("Log Console holds" in p and "orphan output" in p for p in report.problems), report.problems
+def test_the_news_pop_up_is_reported_without_the_course_settings(browser, probe_root):
+    with jupyterlab(probe_root, course_settings=False) as lab:
+        report = check(browser, lab, probe_root, "raising_cell.ipynb", kind="no-course-settings")
+    assert any("official Jupyter news" in p for p in report.problems), report.problems
 
 
 def test_missing_widget_extension_shows_text_fallback(browser, probe_root):
