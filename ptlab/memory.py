@@ -1,0 +1,108 @@
+"""Where training memory goes: parameters, gradients, optimizer state and saved activations.
+
+`memory_breakdown(model, optimizer, batch)` measures each part for one training step on a copy of
+the model (yours is not trained): parameters and gradients by their tensors, the optimizer's state
+after one step (AdamW keeps two tensors per parameter, SGD with momentum one), and the activations
+autograd saves for backward, counted by a saved-tensor hook. Byte counts follow from shapes and
+dtypes, so they are exact facts, the same on every machine.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+MiB = 2**20
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return (t.device.type, t.untyped_storage().data_ptr())
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes held by these tensors, each storage counted once (views share their base's memory)."""
+    seen: dict[tuple, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            seen[_storage_key(t)] = max(seen.get(_storage_key(t), 0), t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+class SavedTensors:
+    """Context manager: the tensors autograd saves for backward inside the block, counted by storage.
+
+    Tensors listed in `exclude` (the parameters, the input batch) are left out: they exist anyway.
+    """
+
+    def __init__(self, exclude=()):
+        self._exclude = {_storage_key(t) for t in exclude}
+        self._storages: dict[tuple, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in self._exclude:
+            self._storages[key] = t.untyped_storage().nbytes()
+        return t
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the distinct storages saved so far."""
+        return sum(self._storages.values())
+
+    def __enter__(self) -> "SavedTensors":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes of each part of one training step's memory."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    batch: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state + self.activations + self.batch
+
+    def __str__(self) -> str:
+        rows = [("parameters", self.parameters), ("gradients", self.gradients),
+                ("optimizer state", self.optimizer_state), ("saved activations", self.activations),
+                ("input batch", self.batch), ("total", self.total)]
+        return "\n".join(f"{name:<18}{n / MiB:>9.2f} MiB  ({n:,} bytes)" for name, n in rows)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
+                     loss_fn: Callable | None = None) -> MemoryBreakdown:
+    """Measure one training step's memory by part, on a deep copy of model and optimizer."""
+    if not isinstance(model, nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("memory_breakdown(model, optimizer, (X, y)) needs an nn.Module and a torch optimizer")
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    X, y = batch
+    twin, twin_optimizer = copy.deepcopy((model, optimizer))  # one copy: the optimizer holds the twin's params
+    twin.train()
+    params = list(twin.parameters())
+    with SavedTensors(exclude=[*params, X, y, *twin.buffers()]) as saved:
+        loss = loss_fn(twin(X), y)
+    activations = saved.bytes
+    twin_optimizer.zero_grad()
+    loss.backward()
+    gradients = tensor_bytes(p.grad for p in params if p.grad is not None)
+    twin_optimizer.step()
+    state = [t for s in twin_optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return MemoryBreakdown(parameters=tensor_bytes(params), gradients=gradients,
+                           optimizer_state=tensor_bytes(state), activations=activations,
+                           batch=tensor_bytes([X, y]))
