@@ -7,15 +7,19 @@ graph. Parameters, their .grad, buffers and the RNG are left as they were.
 """
 from __future__ import annotations
 
+import gc
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
+
+from .claims import measured
 
 # What each cause means, in the words the report prints.
 CAUSES = {
@@ -461,20 +465,89 @@ def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], ow
             report.weak.append(Finding(name, module, "zero", "every element is 0 (dead ReLU, round(), sign(), x * 0?)"))
         elif value < vanishing * largest:
             report.weak.append(Finding(name, module, "vanishing",
-                                       f"RMS {value:.1e}, under {vanishing:g} x the largest ({largest:.1e})"))
+                                       f"RMS {measured(value, 2)}, under {vanishing:g} x the largest "
+                                       f"({measured(largest, 2)})"))
 
 
-def saved_tensor_bytes(fn: Callable[[], Any]) -> int:
-    """Bytes autograd saves for backward while fn() runs (each saved tensor counted once)."""
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes autograd saves for backward while fn() runs, each saved storage counted once.
+
+    What autograd saves includes parameters (a Linear saves its weight to pass gradients back) and the
+    caller's input; pass them in `exclude` to count the rest, the activations, alone.
+    """
     if not callable(fn):
         raise TypeError(f"saved_tensor_bytes needs a callable, got {type(fn).__name__}")
+    skip = {_storage_key(t) for t in exclude}
     seen: dict[tuple[int, int], int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        seen[key] = t.untyped_storage().nbytes()
+        key = _storage_key(t)
+        if key not in skip:
+            seen[key] = key[1]
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return sum(seen.values())
+
+
+class _SavedRecord:
+    """What the pack hook stores: the saved tensor, detached (holding an output's grad_fn would make a
+    reference cycle that keeps the graph alive), and weakly referable so we can see when it is freed."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class SavedTensors:
+    """Records, with torch.autograd.graph.saved_tensors_hooks, every tensor autograd saves for backward
+    inside `with SavedTensors() as saved:`; afterwards saved.held_bytes() measures how many bytes of them
+    are still alive, i.e. kept by a graph that something still references (each storage counted once).
+    """
+
+    def __init__(self) -> None:
+        self._records: list[weakref.ref] = []
+        self._hooks: Any = None
+
+    def _pack(self, t: torch.Tensor) -> _SavedRecord:
+        record = _SavedRecord(t.detach())
+        self._records.append(weakref.ref(record))
+        return record
+
+    def __enter__(self) -> "SavedTensors":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda record: record.tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def recorded(self) -> int:
+        """How many tensors autograd saved inside the block (alive or freed since)."""
+        return len(self._records)
+
+    def alive(self) -> int:
+        """How many of the recorded saved tensors are still alive now (after a garbage collection)."""
+        gc.collect()
+        return sum(ref() is not None for ref in self._records)
+
+    def held_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
+        """Bytes of saved tensors still alive now, leaving out the storages of `exclude` (weights, inputs)."""
+        gc.collect()
+        skip = {_storage_key(t) for t in exclude}
+        held: dict[tuple[int, int], int] = {}
+        for ref in self._records:
+            record = ref()
+            if record is not None:
+                key = _storage_key(record.tensor)
+                if key not in skip:
+                    held[key] = key[1]
+        return sum(held.values())

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from ptlab.diagnose import diagnose_gradients, saved_tensor_bytes, unregistered_parameters
+from ptlab.diagnose import SavedTensors, diagnose_gradients, saved_tensor_bytes, unregistered_parameters
 
 X = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))   # (B, F)
 Y = X.sum(dim=1, keepdim=True)                                       # (B, 1)
@@ -203,3 +203,32 @@ def test_saved_tensor_bytes_counts_what_backward_keeps():
         assert saved_tensor_bytes(lambda: layer(x)) == 0
     with pytest.raises(TypeError, match="callable"):
         saved_tensor_bytes(3)
+
+
+def test_saved_tensor_bytes_can_leave_out_weights_and_input():
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x = torch.randn(32, 8)
+    everything = saved_tensor_bytes(lambda: mlp(x))
+    activations = saved_tensor_bytes(lambda: mlp(x), exclude=[x, *mlp.parameters()])
+    assert activations == 32 * 16 * 4          # tanh's output, saved by tanh and by the second Linear
+    assert everything == activations + 32 * 8 * 4 + 16 * 4 * 4  # plus the input and the second weight
+
+
+def test_saved_tensors_measures_what_a_live_graph_still_holds():
+    layer = nn.Linear(8, 16)
+    x = torch.randn(32, 8)
+    with SavedTensors() as saved:
+        kept = torch.tanh(layer(x)).sum()      # saves x and tanh's output
+        dropped = torch.tanh(layer(x)).sum()
+    assert saved.recorded == 4
+    del dropped
+    assert saved.alive() == 2
+    assert saved.held_bytes(exclude=[x]) == 32 * 16 * 4
+    kept.backward()                            # backward frees what the graph saved
+    assert saved.alive() == 0 and saved.held_bytes() == 0
+
+
+def test_vanishing_detail_marks_its_figures_as_measured():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    report = diagnose_gradients(model, batch=torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
+    assert report.weak[0].detail.startswith("RMS ≈") and "largest (≈" in report.weak[0].detail

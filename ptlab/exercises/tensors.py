@@ -9,7 +9,7 @@ from . import Wrong, calls_stub, exercise
 @exercise(
     id="ch1-broadcast-shape", chapter=1,
     task="give the shape of torch.ones(8, 1, 3) + torch.ones(4, 1) as a tuple, without running it",
-    hint="align shapes from the right, pad the shorter with 1s, then each dim is the larger of the pair",
+    hint="align shapes from the right, pad the shorter with 1s, then each dim takes the size of the pair that is not 1",
 )
 def check_broadcast_shape(answer) -> None:
     if not isinstance(answer, (tuple, list, torch.Size)):

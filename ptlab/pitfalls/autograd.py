@@ -1,12 +1,11 @@
 """Chapter 2 pitfalls: autograd, detach, gradient accumulation and gradient size."""
 from __future__ import annotations
 
-import gc
-import weakref
-
 import torch
 from torch import nn
 
+from ..claims import Check
+from ..diagnose import SavedTensors
 from .registry import Outcome, pitfall
 
 
@@ -31,7 +30,7 @@ def _max_change(before: list[torch.Tensor], layers: list[nn.Module]) -> float:
 @pitfall(
     id="missing-zero-grad", chapter=2,
     title="Gradients pile up without optimizer.zero_grad()",
-    symptom="grad norm grows 1x, 2x, 3x over three identical backward passes",
+    symptom="over three identical backward passes the grad norm is 2x, then 3x the first (each within 0.1)",
     why="""backward() adds into .grad; it never overwrites it. Without zero_grad() each step's
     gradient is the sum of every gradient since the last reset, so the update grows with the step
     count and points partly in stale directions.""",
@@ -51,9 +50,10 @@ def missing_zero_grad(buggy: bool) -> Outcome:
         opt.step()
         norms.append(_grad_norm(model))
     return Outcome(
-        figures={"grad norm step 1": norms[0], "grad norm step 3": norms[2], "step 3 / step 1": norms[2] / norms[0]},
+        figures={"grad norm step 1": norms[0], "grad norm step 2": norms[1], "grad norm step 3": norms[2]},
+        checks=[Check("step 2 / step 1", norms[1] / norms[0], "in [1.9, 2.1]"),
+                Check("step 3 / step 1", norms[2] / norms[0], "in [2.9, 3.1]")],
         series={"grad norm": norms},
-        broken=norms[2] > 2.5 * norms[0],
     )
 
 
@@ -75,7 +75,8 @@ class ListMLP(nn.Module):
 @pitfall(
     id="plain-list-of-layers", chapter=2,
     title="Layers kept in a plain Python list are never trained",
-    symptom="model.parameters() misses the listed layers; their weights do not move during training",
+    symptom="model.parameters() holds 2 of the 6 parameter tensors; after 20 SGD steps the listed layers' "
+            "weights are exactly unchanged",
     why="""nn.Module registers a submodule only when it is assigned as an attribute directly, or held
     in nn.ModuleList / nn.ModuleDict. A plain list hides it: parameters(), state_dict(), .to(device)
     and the optimizer never see those layers. They still run in forward and even get .grad, but no
@@ -98,10 +99,11 @@ def plain_list_of_layers(buggy: bool) -> Outcome:
         nn.functional.mse_loss(model(X), y).backward()
         opt.step()
     change = _max_change(before, list(model.hidden))
+    registered = len(list(model.parameters()))
     return Outcome(
-        figures={"registered parameter tensors": len(list(model.parameters())),
-                 "max change of hidden weights": change},
-        broken=change == 0.0,
+        figures={"registered parameter tensors": registered, "max change of hidden weights": change},
+        checks=[Check("registered parameter tensors, of 6", registered, "== 2"),
+                Check("max change of hidden weights", change, "== 0")],
     )
 
 
@@ -124,7 +126,7 @@ class EncoderHead(nn.Module):
 @pitfall(
     id="detach-in-forward", chapter=2,
     title="A .detach() inside forward silently freezes every layer before it",
-    symptom="after training steps the encoder's weights are exactly unchanged; encoder.weight.grad is None",
+    symptom="after 5 SGD steps encoder.weight.grad is None and the encoder's weights are exactly unchanged",
     why="""detach() returns a tensor with no grad_fn, so backward stops there: the layers before it
     are not in the loss's graph and get no gradient (.grad stays None). The optimizer skips
     parameters whose .grad is None, so they never move, and nothing raises or warns.""",
@@ -146,24 +148,29 @@ def detach_in_forward(buggy: bool) -> Outcome:
         nn.functional.mse_loss(model(X), y).backward()
         opt.step()
     change = _max_change(before, [model.encoder])
+    no_grad = model.encoder.weight.grad is None
     return Outcome(
-        figures={"encoder.weight.grad is None": model.encoder.weight.grad is None,
-                 "max change of encoder weights": change},
-        broken=change == 0.0,
+        figures={"encoder.weight.grad is None": no_grad, "max change of encoder weights": change},
+        checks=[Check("encoder.weight.grad is None", no_grad, "is True"),
+                Check("max change of encoder weights", change, "== 0")],
     )
 
 
 @pitfall(
     id="inplace-saved-for-backward", chapter=2,
     title="An in-place edit of a tensor autograd saved breaks backward()",
-    symptom="RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation",
+    symptom="backward() raises RuntimeError: one of the variables needed for gradient computation has been "
+            "modified by an inplace operation, naming output 0 of Sigmoid",
     why="""sigmoid saves its output to compute its gradient (s * (1 - s)). Writing into that output
     in place (h[:, 0] = 0, h += 1, relu_) bumps the tensor's version counter; backward compares it
     with the version it saved and refuses rather than use the wrong numbers. The error names the
-    op whose saved tensor changed (here "output 0 of Sigmoid") and the versions, not your line.""",
-    catch="""Read the message: the shape and op it names point at the tensor. Replace the in-place edit
-    with an out-of-place one (h = h * mask, torch.where) or clone() first. tensor._version shows
-    how many times a tensor was modified in place.""",
+    op whose saved tensor changed (here "output 0 of Sigmoid") and the versions; the message alone
+    does not give your line, and its hint points at anomaly detection, which does.""",
+    catch="""Read the message: the shape and op it names point at the tensor. To get the line, rerun the
+    step under torch.autograd.detect_anomaly() (or set_detect_anomaly(True)): the failing backward then
+    warns with the traceback of the forward call that made the node. Replace the in-place edit with
+    an out-of-place one (h = h * mask, torch.where) or clone() first. tensor._version shows how many
+    times a tensor was modified in place.""",
 )
 def inplace_saved_for_backward(buggy: bool) -> Outcome:
     X, _ = _regression_batch()
@@ -181,25 +188,33 @@ def inplace_saved_for_backward(buggy: bool) -> Outcome:
         message, detail = str(err).split(" Hint:")[0].split(": ", 1)   # detail: which tensor, which versions
         tensor, versions = detail.split(", is at ")
         return Outcome(figures={"error": message, "tensor": tensor, "versions": "is at " + versions,
-                                "h._version": h._version}, broken=True)
+                                "h._version": h._version},
+                       checks=[Check("backward() raised", message, "contains 'modified by an inplace operation'"),
+                               Check("the message names", tensor, "contains 'output 0 of Sigmoid'")])
     return Outcome(figures={"grad norm of layer.weight": layer.weight.grad.norm().item(),
-                            "h._version": h._version}, broken=False)
+                            "h._version": h._version},
+                   checks=[Check("backward() raised", "no error", "contains 'modified by an inplace operation'"),
+                           Check("the message names", "no error", "contains 'output 0 of Sigmoid'")])
 
 
 @pitfall(
     id="exploding-gradients-nan", chapter=2,
-    title="Too large a step makes gradients explode until the loss is NaN",
-    symptom="the loss grows by orders of magnitude each step, overflows to inf, then becomes NaN",
+    title="Unnormalised inputs make gradients explode until the loss is NaN",
+    symptom="with features at scale 30 and lr 0.01, the loss passes 1e20 within 40 SGD steps and fewer "
+            "than 30 of the 40 losses are finite (the rest are inf or NaN)",
     why="""With large inputs the loss surface is steep: a learning rate that would be fine on unit-scale
     data overshoots, each step lands further away, and the gradient grows with the error. In a few
     dozen steps float32 overflows to inf, and inf - inf gives NaN, which then spreads to every weight.""",
-    catch="""Clip the global gradient norm (torch.nn.utils.clip_grad_norm_ returns the norm before
-    clipping: log it), lower the learning rate, or normalise the inputs. Stop on a non-finite loss:
-    if not torch.isfinite(loss): raise.""",
+    catch="""Fix the cause: normalise the inputs (or lower the learning rate). Keep
+    torch.nn.utils.clip_grad_norm_ as a guard, not as the fix: it returns the norm before clipping, so
+    log it; clipping alone keeps this run finite but it still ends far worse than predicting the mean.
+    Stop on a non-finite loss: if not torch.isfinite(loss): raise.""",
 )
 def exploding_gradients_nan(buggy: bool) -> Outcome:
     X, y = _regression_batch()
-    X = 30 * X                                             # (B, 4) unnormalised features, scale ~30
+    X = 30 * X                                             # BUG: (B, 4) unnormalised features, scale ~30
+    if not buggy:
+        X = (X - X.mean(dim=0)) / X.std(dim=0)             # FIX: normalise the inputs
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -209,25 +224,28 @@ def exploding_gradients_nan(buggy: bool) -> Outcome:
         loss = nn.functional.mse_loss(model(X), y)
         loss.backward()
         if not buggy:
-            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)  # FIX: cap the step size
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)  # FIX: a guard, and a norm to log
         else:
-            norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()  # BUG: no cap
+            norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()  # BUG: no guard
         opt.step()
         losses.append(loss.item())
         norms.append(norm.item())
     finite = [v for v in losses if torch.isfinite(torch.tensor(v))]
     return Outcome(
         figures={"first loss": losses[0], "last loss": losses[-1], "largest finite loss": max(finite),
-                 "steps with a finite loss": len(finite)},
+                 "var(y): loss of predicting the mean": y.var(unbiased=False).item(),
+                 "steps with a finite loss": float(len(finite))},
+        checks=[Check("largest finite loss", max(finite), "> 1e20"),
+                Check("steps with a finite loss, of 40", float(len(finite)), "< 30")],
         series={"log10 loss": [torch.tensor(v).log10().item() for v in losses]},
-        broken=len(finite) < len(losses),
     )
 
 
 @pitfall(
     id="item-in-loss-term", chapter=2,
     title="A loss term computed through .item() changes the loss but not the gradient",
-    symptom="adding a weight penalty built with .item() leaves the gradient exactly as without it",
+    symptom="a weight penalty built with .item() has requires_grad False and leaves the gradient exactly "
+            "as without it",
     why=""".item() returns a Python float; torch.tensor(float) is a new leaf with no history. The penalty
     is added to the loss value you log, so it looks active, but backward cannot reach the weights
     through it: the gradient, and so training, is exactly as if it were not there.""",
@@ -250,14 +268,16 @@ def item_in_loss_term(buggy: bool) -> Outcome:
     return Outcome(
         figures={"penalty value": penalty.item(), "penalty requires grad": penalty.requires_grad,
                  "gradient change from the penalty": difference},
-        broken=difference == 0.0,
+        checks=[Check("penalty requires grad", penalty.requires_grad, "is False"),
+                Check("gradient change from the penalty", difference, "== 0")],
     )
 
 
 @pitfall(
     id="running-loss-keeps-graph", chapter=2,
     title="Summing validation losses as tensors keeps every batch's graph alive",
-    symptom="after 20 validation batches, the activations of all 20 forward passes are still in memory",
+    symptom="after 20 validation batches every one of the 120 tensors autograd saved for backward is still "
+            "alive, and the activations among them (the batch and the weights not counted) hold over 1,000 KiB",
     why="""Outside torch.no_grad() every forward records a graph that holds the activations backward
     would need. total += loss keeps total a tensor with a grad_fn, linked to every batch's loss and so
     to every batch's activations: nothing is freed until total is, and memory grows batch by batch.
@@ -269,20 +289,20 @@ def running_loss_keeps_graph(buggy: bool) -> Outcome:
     X, y = _regression_batch(n=256)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 1)).eval()
-    activations, total = [], 0.0
-    for _ in range(20):                                    # 20 validation batches
-        hidden = model[1](model[0](X))                     # (B, 64): saved by tanh and the last Linear
-        loss = nn.functional.mse_loss(model[2](hidden), y)
-        activations.append(weakref.ref(hidden))
-        if buggy:
-            total = total + loss                           # BUG: a tensor holding every batch's graph
-        else:
-            total = total + loss.item()                    # FIX: a Python float
-    del hidden, loss
-    gc.collect()
-    alive = sum(ref() is not None for ref in activations)
+    total = 0.0
+    with SavedTensors() as saved:                          # records what autograd saves for backward
+        for _ in range(20):                                # 20 validation batches
+            loss = nn.functional.mse_loss(model(X), y)     # saves X, tanh's output (twice), a weight, pred, y
+            if buggy:
+                total = total + loss                       # BUG: a tensor holding every batch's graph
+            else:
+                total = total + loss.item()                # FIX: a Python float
+    del loss
+    alive = saved.alive()                                  # measured: saved tensors not freed yet
+    held = saved.held_bytes(exclude=[X, y, *model.parameters()])  # their bytes, activations only
     return Outcome(
-        figures={"batches": len(activations), "activations still alive": alive,
-                 "KiB held by them": alive * 256 * 64 * 4 / 1024},
-        broken=alive > 1,
+        figures={"batches": 20, "tensors saved for backward": saved.recorded,
+                 "of them still alive": alive, "KiB of saved activations still held": held // 1024},
+        checks=[Check("saved tensors still alive, of 120", alive, "== 120"),
+                Check("KiB of saved activations still held", held // 1024, "> 1000")],
     )

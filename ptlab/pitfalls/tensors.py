@@ -6,6 +6,7 @@ import warnings
 import torch
 from torch import nn
 
+from ..claims import Check
 from .registry import Outcome, pitfall
 
 
@@ -20,12 +21,16 @@ def _regression_data(seed: int = 0, n: int = 64):
 @pitfall(
     id="broadcast-loss-shape", chapter=1,
     title="A (B, 1) prediction against a (B,) target broadcasts to (B, B)",
-    symptom="the model learns only the mean: R² stays near 0 while the loss looks fine",
+    symptom="the model learns only the mean: R² stays below 0.5 and the final loss is var(y) within 10% "
+            "(what predicting the mean scores); under the default filter the UserWarning shows once in 60 steps",
     why="""MSELoss subtracts target from prediction elementwise; (B, 1) - (B,) broadcasts to a (B, B)
     matrix, so every prediction is compared with every target. The best a model can do against that
-    is predict the mean target. PyTorch only emits a UserWarning, easy to miss in a training log.""",
+    is predict the mean target, where the loss is var(y): the loss falls to var(y) and stops there,
+    which looks fine only if nothing compares it with a baseline. PyTorch emits a UserWarning, which
+    the default warning filter shows once per source line, not once per step: one line in a long log.""",
     catch="""Assert shapes before the loss (assert pred.shape == y.shape), squeeze the model's last dim
-    or keep targets as (B, 1), and turn warnings into errors in tests (pytest -W error::UserWarning).""",
+    or keep targets as (B, 1), compare the loss with var(y) (what predicting the mean scores), and turn
+    warnings into errors in tests (pytest -W error::UserWarning).""",
 )
 def broadcast_loss_shape(buggy: bool) -> Outcome:
     X, y = _regression_data()                             # X (64, 1), y (64,)
@@ -34,7 +39,7 @@ def broadcast_loss_shape(buggy: bool) -> Outcome:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("default")                  # the default action: once per source line
         for _ in range(60):
             pred = model(X)                               # (64, 1)
             if not buggy:
@@ -47,49 +52,58 @@ def broadcast_loss_shape(buggy: bool) -> Outcome:
     with torch.no_grad():
         residual = model(X).squeeze(1) - y
         r2 = 1 - residual.pow(2).mean() / y.var(unbiased=False)
+    var_y = y.var(unbiased=False).item()                  # the loss of always predicting the mean
     return Outcome(
         figures={"R² on training data": r2.item(), "learned slope (true 3)": model.weight.item(),
-                 "UserWarnings raised": len(caught)},
+                 "final loss": losses[-1], "var(y)": var_y,
+                 "UserWarnings shown (default filter)": len(caught)},
+        checks=[Check("R² on training data", r2.item(), "< 0.5"),
+                Check("final loss / var(y)", losses[-1] / var_y, "in [0.9, 1.1]"),
+                Check("UserWarnings shown in 60 steps (default filter)", len(caught), "== 1")],
         series={"training loss": losses},
-        broken=r2.item() < 0.5,
     )
 
 
 @pitfall(
     id="view-after-transpose", chapter=1,
-    title="view() on a transposed tensor raises; reshape() silently copies",
-    symptom="RuntimeError: view size is not compatible with input tensor's size and stride",
+    title="view() that merges the swapped dims of a transposed tensor raises; reshape() copies",
+    symptom="flattening x.t() with view(-1) raises RuntimeError: view size is not compatible with "
+            "input tensor's size and stride",
     why="""view() never copies: it reinterprets the same memory with new strides. After .t() or
-    .permute() the elements are no longer laid out row by row, so no strides can describe the
-    flattened tensor without moving data. reshape() returns a view when it can and a copy when it must.""",
+    .permute() the elements are no longer laid out row by row, so no strides can describe a shape
+    that merges the swapped dimensions (flattening them) without moving data. A view that only splits
+    or adds size-1 dims still works: x.t().view(3, 1, 2) succeeds. reshape() returns a view when it
+    can and a copy when it must.""",
     catch="""Use reshape() unless you need the guarantee that no copy happens; check x.is_contiguous()
     and compare data_ptr() before and after to see whether you got a view.""",
 )
 def view_after_transpose(buggy: bool) -> Outcome:
     x = torch.arange(6).reshape(2, 3)                     # (2, 3), contiguous
     xt = x.t()                                            # (3, 2), same memory, strides (1, 3)
+    no_merge = tuple(xt.view(3, 1, 2).shape)              # splitting, not merging: a view works
     try:
         if buggy:
             flat = xt.view(-1)                            # BUG: no strides describe this as 1-D
         else:
             flat = xt.reshape(-1)                         # FIX: copies because it must
     except RuntimeError as err:
-        return Outcome(figures={"error": str(err).split(" (")[0], "x.t() is contiguous": False},
-                       broken=True)
+        error = str(err).split(" (")[0]
+        return Outcome(figures={"error": error, "x.t().view(3, 1, 2)": f"works, shape {no_merge}"},
+                       checks=[Check("flattening x.t() raised", error, "contains 'view size is not compatible'")])
     return Outcome(
-        figures={"result": str(flat.tolist()), "x.t() is contiguous": xt.is_contiguous(),
+        figures={"result": str(flat.tolist()), "x.t().view(3, 1, 2)": f"works, shape {no_merge}",
                  "shares memory with x": flat.data_ptr() == x.data_ptr()},
-        broken=False,
+        checks=[Check("flattening x.t() raised", "no error", "contains 'view size is not compatible'")],
     )
 
 
 @pitfall(
     id="uint8-overflow", chapter=1,
     title="Brightening a uint8 image wraps around instead of saturating",
-    symptom="adding 100 to every pixel makes over a third of them darker",
+    symptom="adding 100 to every pixel of a random uint8 image makes over a third of its 3,072 pixels darker",
     why="""uint8 holds 0..255 and integer arithmetic in PyTorch wraps modulo 256: 200 + 100 is 44.
-    Adding a Python int keeps the tensor's dtype (a Python scalar does not promote a tensor), so the
-    overflow is silent: no warning, no error.""",
+    Adding a Python int keeps the tensor's dtype (a Python scalar does not promote a tensor of the same
+    category; img + 100.0 would give float32), so the overflow is silent: no warning, no error.""",
     catch="""Convert images to float (or a wider int) before arithmetic and clamp back:
     (img.float() + 100).clamp(0, 255). Check min/max or a histogram after every pixel transform.""",
 )
@@ -100,11 +114,11 @@ def uint8_overflow(buggy: bool) -> Outcome:
         brighter = img + 100                              # BUG: uint8 arithmetic wraps at 256
     else:
         brighter = (img.float() + 100).clamp(0, 255).to(torch.uint8)  # FIX: widen, clamp, narrow
-    wrapped = (brighter < img).float().mean().item()
+    darker = int((brighter < img).sum())                  # exact: the image is fixed by its seed
     return Outcome(
         figures={"mean before": img.float().mean().item(), "mean after +100": brighter.float().mean().item(),
-                 "result dtype": str(brighter.dtype), "pixels that got darker": wrapped},
-        broken=wrapped > 0,
+                 "result dtype": str(brighter.dtype), "pixels that got darker": darker},
+        checks=[Check("pixels that got darker, of 3,072", darker, "> 1024")],
     )
 
 
@@ -116,7 +130,7 @@ def _standardize_inplace(batch: torch.Tensor) -> torch.Tensor:
 @pitfall(
     id="inplace-alias", chapter=1,
     title="An in-place op through a view or alias edits the original tensor",
-    symptom="normalising a batch changes the dataset it was sliced from; a second pass sees other data",
+    symptom="normalising a 32-row batch in place rewrites those 32 rows of the dataset it was sliced from",
     why="""Basic slicing (data[:32]) returns a view that shares memory with data, and in-place ops
     (-=, add_, clamp_) write through it. Plain assignment (batch = data) copies nothing either.
     The dataset is silently modified and every later epoch trains on different numbers.""",
@@ -132,18 +146,20 @@ def inplace_alias(buggy: bool) -> Outcome:
         _standardize_inplace(batch)                       # BUG: writes through the view into data
     else:
         batch = batch - batch.mean(dim=0)                 # FIX: a new tensor; data untouched
-    changed = (data != before).any(dim=1).sum().item()
+    changed = int((data != before).any(dim=1).sum())
+    shares = batch.data_ptr() == data.data_ptr()
     return Outcome(
         figures={"dataset rows changed": changed, "max change in dataset": (data - before).abs().max().item(),
-                 "batch shares memory with data": batch.data_ptr() == data.data_ptr()},
-        broken=changed > 0,
+                 "batch shares memory with data": shares},
+        checks=[Check("dataset rows changed, of 128", changed, "== 32"),
+                Check("batch shares memory with data", shares, "is True")],
     )
 
 
 @pitfall(
     id="missing-keepdim", chapter=1,
     title="Normalising rows without keepdim divides the wrong axis when the matrix is square",
-    symptom="rows should sum to 1 but do not, and nothing raises when rows == columns",
+    symptom="on a 4 x 4 matrix the rows should sum to 1, but one is off by more than 0.1, and nothing raises",
     why="""x.sum(dim=1) has shape (N,), which broadcasts as a row (1, N) against x (N, C). When N == C
     it divides column j by the sum of row j: no error, wrong numbers. When N != C it raises, which is
     why the bug survives testing on square toy inputs and strikes in production, or the reverse.""",
@@ -158,8 +174,8 @@ def missing_keepdim(buggy: bool) -> Outcome:
     else:
         probs = scores / scores.sum(dim=1, keepdim=True)  # FIX: (4, 4) / (4, 1) -> divides rows
     row_sums = probs.sum(dim=1)
+    worst = (row_sums - 1).abs().max().item()
     return Outcome(
-        figures={"row sums": str([round(v, 3) for v in row_sums.tolist()]),
-                 "max |row sum - 1|": (row_sums - 1).abs().max().item()},
-        broken=bool(((row_sums - 1).abs() > 1e-5).any()),
+        figures={**{f"sum of row {i}": v for i, v in enumerate(row_sums.tolist())}, "max |row sum - 1|": worst},
+        checks=[Check("max |row sum - 1|", worst, "> 0.1")],
     )
