@@ -65,14 +65,14 @@ _COMPARISONS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": o
                 "<": operator.lt, ">": operator.gt}
 _NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
 _BOUND = re.compile(
-    rf"^(?:(?P<op><=|>=|==|!=|<|>)\s*(?P<rhs>{_NUMBER}|'[^']*')"
+    rf"^(?:(?P<op><=|>=|==|!=|<|>)\s*(?P<rhs>{_NUMBER}|'[^']*'|\"[^\"]*\")"
     rf"|in \[\s*(?P<lo>{_NUMBER})\s*,\s*(?P<hi>{_NUMBER})\s*\]"
     rf"|is (?P<truth>True|False)"
-    rf"|contains (?P<needle>'[^']*'))$")
+    rf"|contains (?P<needle>'[^']*'|\"[^\"]*\"))$")
 
 
 def _parse_literal(text: str) -> float | str:
-    return text[1:-1] if text.startswith("'") else float(text)
+    return text[1:-1] if text[:1] in ("'", '"') else float(text)
 
 
 @dataclass(frozen=True)

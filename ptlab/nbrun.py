@@ -67,7 +67,7 @@ def compared_output(output) -> bool:
     text = data.get("text/plain", "")
     if isinstance(text, list):
         text = "".join(text)
-    if not text or re.fullmatch(r"<(Figure|matplotlib\.\S+) [^>]*>", text.strip()):
+    if not text or re.fullmatch(r"<(Figure|matplotlib\.\S+|IPython\.core\.display\.Image)( [^>]*)?>", text.strip()):
         return bool(data.get("text/html"))  # an HTML table is compared; an image alone is not
     return True
 

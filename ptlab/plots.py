@@ -33,3 +33,14 @@ def plot_series(outcomes: dict[str, Outcome], title: str = "", size: tuple[float
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def show_figure(fig: Figure) -> None:
+    """Display a Figure as a PNG in the notebook, whatever matplotlib backend the kernel has (or none)."""
+    import io
+
+    from IPython.display import Image, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=fig.dpi, bbox_inches="tight")
+    display(Image(data=buffer.getvalue(), format="png"))

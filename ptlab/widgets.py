@@ -9,7 +9,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from .pitfalls import Outcome, Pitfall, get_pitfall
-from .plots import plot_series
+from .plots import plot_series, show_figure
 
 _LINE_STYLE = {
     "BUG": "background:#fdecea;border-left:3px solid #c0392b;",
@@ -94,7 +94,7 @@ class PitfallWidget(widgets.VBox):
                                  + figures_html(outcome)))
             fig = plot_series(self.outcomes, title=self.record.title)  # both modes once both have run
             if fig is not None:
-                display(fig)
+                show_figure(fig)
         self.status.value = f"done in {time.perf_counter() - start:.1f} s ({label})"
 
     def __repr__(self) -> str:

@@ -132,11 +132,12 @@ def test_checked_share_counts_only_outputs_nbval_compares():
     widget = new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
                                               "text/plain": "PitfallWidget('x')"})
     figure = new_output("display_data", data={"image/png": "", "text/plain": "<Figure size 550x300 with 1 Axes>"})
+    image = new_output("display_data", data={"image/png": "", "text/plain": "<IPython.core.display.Image object>"})
     printed = new_output("stream", name="stdout", text="✔ fine\n")
     ignored = new_code_cell("print(1)", execution_count=4, outputs=[printed])
     ignored.metadata["tags"] = ["nbval-ignore-output"]
     nb = new_notebook()
-    nb.cells = [new_code_cell("show()", execution_count=1, outputs=[widget]),
+    nb.cells = [new_code_cell("show()", execution_count=1, outputs=[widget, image]),
                 new_code_cell("plot()", execution_count=2, outputs=[figure]),
                 new_code_cell("print(1)", execution_count=3, outputs=[printed, figure]),
                 ignored]

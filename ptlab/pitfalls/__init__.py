@@ -95,11 +95,11 @@ def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
     for check in comparison.fixed.checks:
         claim(f"fixed: {check.line()}", not check.holds)
     if plot:
-        from IPython.display import display
+        from ..plots import show_figure
 
         fig = comparison.plot()
         if fig is not None:
-            display(fig)
+            show_figure(fig)
     return comparison
 
 
