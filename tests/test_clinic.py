@@ -56,3 +56,15 @@ def test_lr_range_test_finds_a_range_below_divergence_and_leaves_the_model_alone
 def test_bad_ranges_are_named():
     with pytest.raises(ValueError, match="start_lr < end_lr"):
         lr_range_test(nn.Linear(1, 1), [], torch.optim.SGD, start_lr=1.0, end_lr=0.1)
+
+
+def test_every_clinic_row_links_to_pitfalls_that_exist():
+    from ptlab.clinic import CLINIC, ClinicRow, ClinicTable, clinic_table
+    from ptlab.pitfalls import all_pitfalls
+
+    table = clinic_table()
+    known = {p.id for p in all_pitfalls()}
+    assert all(pid in known for row in CLINIC for pid in row.pitfalls)
+    assert len(CLINIC) >= 9 and "(ch5)" in repr(table) and "<table" in table._repr_html_()
+    with pytest.raises(KeyError, match="no-such-pitfall"):
+        ClinicTable((ClinicRow("s", "c", "k", ("no-such-pitfall",)),))

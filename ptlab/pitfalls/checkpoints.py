@@ -1,7 +1,8 @@
 """Chapter 5 pitfalls: saving, loading and resuming, and runs that cannot be repeated.
 
 The reproductions train a small MLP on three Gaussian blobs (600 points, 2 features): it learns in
-a fraction of a second, so each pitfall runs in about a second on a laptop CPU.
+a fraction of a second, so each pitfall runs in about a second on a laptop CPU. The blobs and the
+MLP are shared with the debugging pitfalls (debugging.py).
 """
 from __future__ import annotations
 
@@ -278,79 +279,3 @@ def _key_sentence(err: Exception) -> str:
         start = text.index("Unsupported global")
         return text[start:text.index("by default", start) + len("by default")]
     return f"{type(err).__name__}: {text.split(' from ')[0]}>"
-
-
-@pitfall(
-    id="nan-from-a-poisoned-sample", chapter=5,
-    title="One NaN in the data turns the loss, then every weight, into NaN",
-    symptom="one NaN feature in 600 samples makes the loss NaN at the first full-batch step and "
-            "leaves every weight NaN",
-    why="""A NaN input propagates through every operation it touches: the forward pass, the loss (a mean
-    over the batch), every gradient, and then every weight the optimizer updates. After one step the
-    model is ruined, and nothing raised. The model is not to blame: the data is.""",
-    catch="""Check the data where it enters: assert torch.isfinite(X).all() per batch (cheap), and find
-    the sample (torch.isnan(X).any(dim=1).nonzero()). When a loss turns NaN, ask the data first:
-    ptlab.clinic.first_nonfinite(model, X) says whether the input or a module produced it;
-    torch.autograd.set_detect_anomaly(True) names the backward op.""",
-)
-def nan_from_a_poisoned_sample(buggy: bool) -> Outcome:
-    X, y = _blobs()
-    X = X.clone()
-    X[123, 1] = float("nan")                                   # one unreadable value, as a bad row in a CSV
-    if not buggy:
-        keep = torch.isfinite(X).all(dim=1)                    # FIX: find and drop (or repair) bad samples
-        X, y = X[keep], y[keep]
-    torch.manual_seed(0)
-    model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(5):
-        loss = nn.functional.cross_entropy(model(X), y)         # BUG: a NaN input makes the mean loss NaN
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    nan_weights = sum(torch.isnan(p).any().item() for p in model.parameters())
-    return Outcome(
-        figures={"samples used": len(y), "first loss": losses[0], "weight tensors holding NaN": nan_weights},
-        checks=[Check("first loss is NaN", losses[0] != losses[0], "is True"),
-                Check("weight tensors holding NaN (of 6)", nan_weights, "== 6")],
-    )
-
-
-@pitfall(
-    id="overfitting-without-regularisation", chapter=5,
-    title="A large model trained long on few noisy examples memorises them, noise included",
-    symptom="on 40 training points with 12 wrong labels, training accuracy reaches 1.0 and held-out "
-            "accuracy trails it by more than 0.25",
-    why="""With far more parameters than examples, a network can fit every training point, wrong labels
-    included. The training loss keeps falling while the held-out accuracy stalls or drops: the model
-    learns the sample, not the rule, and more epochs make it worse.""",
-    catch="""Always hold out a validation set and watch the gap between training and validation accuracy.
-    Stop at the best validation epoch (early stopping), add weight decay or dropout, augment, or get
-    more data; choose among them on validation, never on the test set. A training accuracy of 1.0 on
-    data you know to be noisy is a warning, not a success.""",
-)
-def overfitting_without_regularisation(buggy: bool) -> Outcome:
-    X, y = _blobs(n=640)
-    y = y.clone()
-    wrong = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:12]
-    y[wrong] = (y[wrong] + 1) % 3                               # 12 of the 40 training labels are wrong
-    X_train, y_train, X_val, y_val = X[:40], y[:40], X[40:], y[40:]
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3))
-    if buggy:
-        opt, steps = torch.optim.Adam(model.parameters(), lr=1e-2), 600        # BUG: no regularisation, long
-    else:
-        opt, steps = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.5), 60  # FIX: decay, stop early
-    for _ in range(steps):
-        loss = nn.functional.cross_entropy(model(X_train), y_train)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    train_acc, val_acc = _accuracy(model, X_train, y_train), _accuracy(model, X_val, y_val)
-    return Outcome(
-        figures={"training accuracy": train_acc, "held-out accuracy": val_acc, "steps": str(steps)},
-        checks=[Check("training accuracy", train_acc, "== 1.0"),
-                Check("training minus held-out accuracy", train_acc - val_acc, "> 0.25")],
-    )
