@@ -4,15 +4,25 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import os
 import platform
+import re
 import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .core import choose_device
 
-PINNED = {"torch": "2.14.1", "torchvision": "0.29.1"}
+LOCK_FILE = Path(__file__).resolve().parent.parent / "requirements.lock"
+
+
+def pinned_versions(lock: Path = LOCK_FILE) -> dict[str, str]:
+    """Exact versions from requirements.lock (the one place they are pinned); empty outside a checkout."""
+    if not lock.is_file():
+        return {}
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)", lock.read_text(encoding="utf-8"), flags=re.M)
+    return {name.lower(): version for name, version in pins}
 
 
 @dataclass
@@ -35,7 +45,7 @@ def _version(package: str) -> str | None:
 
 def _version_check(package: str, fix: str) -> Check:
     found = _version(package)
-    pinned = PINNED.get(package)
+    pinned = pinned_versions().get(package)
     if found is None:
         return Check(package, "not installed", ok=False, fix=fix)
     if pinned and found.split("+")[0] != pinned:

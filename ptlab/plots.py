@@ -4,13 +4,20 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .pitfalls.registry import Outcome
+from typing import Protocol
+
+
+class HasSeries(Protocol):
+    """Anything with named series to plot and an x-axis label (a pitfall's Outcome, say)."""
+
+    series: dict[str, list[float]]
+    x_label: str
 
 BUGGY_COLOUR = "#c0392b"
 FIXED_COLOUR = "#27ae60"
 
 
-def plot_series(outcomes: dict[str, Outcome], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
+def plot_series(outcomes: dict[str, HasSeries], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
     """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
     names = sorted({name for o in outcomes.values() for name in o.series})
     if not names:

@@ -75,3 +75,15 @@ def test_readme_catalogue_is_current():
     commands = [row.rsplit("|", 2)[-2].strip() for row in rows]
     assert commands == [f"`python -m ptlab pitfalls run {p.id}`" for p in all_pitfalls()], \
         "each row's command must run the pitfall of that row"
+
+
+def test_doctor_reads_the_pins_from_the_lock_and_compares(monkeypatch, tmp_path):
+    from ptlab import doctor
+
+    assert doctor.pinned_versions()["torch"] == "2.14.1"
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("torch==9.9.9 \\\n    --hash=sha256:00\n")
+    monkeypatch.setattr(doctor, "LOCK_FILE", lock)
+    monkeypatch.setattr(doctor, "pinned_versions", lambda lock=lock: {"torch": "9.9.9"})
+    text, code = doctor.report(doctor.run_checks())
+    assert code == 1 and "made with 9.9.9" in text
