@@ -83,7 +83,8 @@ def test_doctor_reads_the_pins_from_the_lock_and_compares(monkeypatch, tmp_path)
     assert doctor.pinned_versions()["torch"] == "2.14.1"
     lock = tmp_path / "requirements.lock"
     lock.write_text("torch==9.9.9 \\\n    --hash=sha256:00\n")
-    monkeypatch.setattr(doctor, "LOCK_FILE", lock)
-    monkeypatch.setattr(doctor, "pinned_versions", lambda lock=lock: {"torch": "9.9.9"})
+    assert doctor.pinned_versions(lock) == {"torch": "9.9.9"}
+    assert doctor.pinned_versions(tmp_path / "none.lock") == {}, "a wheel install has no lock: nothing to compare"
+    monkeypatch.setattr(doctor, "pinned_versions", lambda: {"torch": "9.9.9"})
     text, code = doctor.report(doctor.run_checks())
     assert code == 1 and "made with 9.9.9" in text
