@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from .claims import measured
 from .loading import usable_cpus
 
 INPUT_BOUND_WAIT_SHARE = 0.3  # waiting more than this share of the time: the input pipeline is the limit
@@ -89,13 +90,16 @@ class LoaderReport:
         return self.verdict == "input-bound"
 
     def __str__(self) -> str:
+        # Times, rates and shares depend on the machine: printed through measured() ('≈', masked by nbval),
+        # in fixed units so the text around them is the same everywhere. Counts and the verdict are exact.
         return "\n".join([
             f"loader check over {self.batches} batches ({self.samples} samples) after warm-up, "
             f"num_workers={self.num_workers}",
-            f"  throughput       {self.samples_per_s:,.0f} samples/s, {self.batches_per_s:,.1f} batches/s",
-            f"  waiting for data {self.wait_s:.3f} s ({self.wait_share:.0%})",
-            f"  compute step     {self.compute_s:.3f} s ({1 - self.wait_share:.0%})",
-            f"  first batch      {self.first_batch_s:.3f} s" + (" (worker start-up included)" if self.num_workers else ""),
+            f"  throughput       {measured(self.samples_per_s)} samples/s, {measured(self.batches_per_s)} batches/s",
+            f"  waiting for data {measured(self.wait_s)} s ({measured(100 * self.wait_share, 2)}%)",
+            f"  compute step     {measured(self.compute_s)} s ({measured(100 * (1 - self.wait_share), 2)}%)",
+            f"  first batch      {measured(self.first_batch_s)} s"
+            + (" (worker start-up included)" if self.num_workers else ""),
             f"  verdict          {self.verdict}: {self.next_step}",
         ])
 
@@ -149,7 +153,9 @@ def _verdict(wait_share: float, num_workers: int) -> tuple[str, str]:
         return "compute-bound", ("the loader keeps up; speed up the step itself (batch size, mixed precision, "
                                  "torch.compile) before touching the loader")
     if num_workers == 0:
-        return "input-bound", f"load in parallel: try num_workers={min(2, cores)} (this machine has {cores} cores)"
+        # No core count in this line: the report is stored in notebooks that must read the same on every machine.
+        return "input-bound", (f"load in parallel: try num_workers={min(2, cores)}, then more while samples/s "
+                               "rises, up to the cores this process may use")
     if num_workers < cores:
         return "input-bound", f"raise num_workers towards {cores}, the cores this process may use"
     return "input-bound", ("workers already fill the cores: make each sample cheaper (per-batch transforms after "
@@ -197,7 +203,9 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
                 batches, samples = batches + 1, samples + _count_samples(batch)
             seen += 1
     except SampleLoadError as err:
-        raise (_sample_error(err) or LoaderCheckError(str(err))) from None
+        found = _sample_error(err) or LoaderCheckError(str(err))
+        err.__traceback__ = None  # a re-raised worker error holds its frame, and the frame the loader: free them now
+        raise found from None
     finally:
         del batch_iter  # shuts non-persistent workers down now, not at garbage collection
     if seen == 0:

@@ -104,3 +104,31 @@ def test_throughput_by_workers_and_cpu_cost():
         throughput_by_workers(dataset, (-1,))
     with pytest.raises(ValueError, match="empty"):
         cpu_seconds_per_sample(TensorDataset(torch.zeros(0)))
+
+
+def test_report_prints_every_machine_dependent_figure_as_measured():
+    import re
+
+    loader = DataLoader(TensorDataset(torch.zeros(60, 3)), batch_size=10)
+    text = str(check_loader(loader, compute=simulated_step(0.001), warmup_batches=1, max_batches=4))
+    masked = re.sub(r"≈-?(?:\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?|nan|inf) *", "", text)   # as tests/nbval_sanitize.cfg
+    header, *figures = masked.splitlines()
+    assert header.startswith("loader check over 4 batches (40 samples)")
+    assert not any(ch.isdigit() for line in figures[:4] for ch in line), figures[:4]
+
+
+def test_dataloader_reraises_the_original_error_and_check_loader_adds_the_index():
+    from ptlab.loading import SampleRaisesAt
+
+    def loader():
+        return DataLoader(SampleRaisesAt(24, bad_index=17), batch_size=4, num_workers=2, shuffle=True,
+                          generator=torch.Generator().manual_seed(0))
+
+    with pytest.raises(ValueError) as plain:
+        list(loader())
+    text = str(plain.value)
+    assert "Caught ValueError in DataLoader worker process" in text and "Original Traceback" in text
+    assert "cannot parse the label file" in text and "sample 17" not in text
+    with pytest.raises(LoaderCheckError) as checked:
+        check_loader(loader(), warmup_batches=0)
+    assert checked.value.index == 17 and "sample 17" in str(checked.value)

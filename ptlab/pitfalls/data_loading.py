@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..claims import Check
 from ..loading import (AugmentWithNumpyRng, ChunkedValues, DummyOnUnreadable, NoneOnUnreadable, corrupt_files,
                        image_folder_skipping_unreadable, private_mib, relabel_image_folder, seed_worker_numpy_rng,
                        skip_none_collate, child_pids)
@@ -44,7 +45,8 @@ def _nearest_neighbour_on_train():
 @pitfall(
     id="imagefolder-class-order", chapter=3,
     title="ImageFolder numbers classes alphabetically, not in your label order",
-    symptom="a model that is right on every image scores about 10% accuracy: labels were permuted, not images",
+    symptom="a model that is right on every image scores below 50% accuracy (chance is 10%), and at most 5 of the 10 "
+            "classes keep their intended index: labels were permuted, not images",
     why="""ImageFolder sorts the folder names and numbers them 0, 1, 2... The weights were trained with the
     project's own order (arrow_up=0, arrow_down=1, ...), where only 'circle' happens to get the same
     index. Nothing raises: the tensors have the right shapes and dtypes, only the meaning of each label changed.""",
@@ -69,7 +71,8 @@ def imagefolder_class_order(buggy: bool) -> Outcome:
     return Outcome(
         figures={"accuracy": accuracy, "classes with the intended index": f"{same_index} of {len(intended)}",
                  "class_to_idx['arrow_up']": folder.class_to_idx["arrow_up"]},
-        broken=accuracy < 0.5,
+        checks=[Check("accuracy of a model right on every image", accuracy, "< 0.5"),
+                Check("classes that keep their intended index (of 10)", same_index, "<= 5")],
     )
 
 
@@ -93,11 +96,14 @@ def _tiny_classifier() -> tuple[nn.Module, torch.optim.Optimizer]:
 @pitfall(
     id="corrupt-file-dummy-label", chapter=3,
     title="A dummy sample with label -1 for an unreadable file crashes the loss",
-    symptom="IndexError: Target -1 is out of bounds, raised by CrossEntropyLoss mid-epoch",
+    symptom="IndexError: Target -1 is out of bounds, raised by the loss mid-epoch before all 77 good samples were "
+            "trained on, and no unreadable file is reported",
     why="""A common tip is to catch the decode error in __getitem__ and return a blank image with label -1.
     CrossEntropyLoss only skips targets equal to ignore_index, which defaults to -100, so -1 is an
     out-of-range class and the loss raises, at a random step, in whichever batch the bad file lands in.
-    Setting ignore_index=-1 hides the crash but still trains on blank images' inputs and wastes the slots.""",
+    Setting ignore_index=-1 stops the crash, and the dummy then contributes nothing to the loss or its gradient;
+    but it still takes a slot in its batch, the files stay unreported, and a model with BatchNorm mixes the blank
+    image into its batch statistics.""",
     catch="""Check the files once when you index them (PIL's Image.open(...).load()) and drop the unreadable
     ones, keeping their names in a list you print; or return None and drop None in a collate_fn. Count
     what was skipped so a silently shrinking dataset is visible.""",
@@ -128,14 +134,16 @@ def corrupt_file_dummy_label(buggy: bool) -> Outcome:
     return Outcome(
         figures={"error": error, "samples trained on": trained_on, "unreadable files": len(truncated),
                  "files reported as skipped": len(skipped)},
-        broken=error != "-",
+        checks=[Check("error raised by the loss", error, "contains 'Target -1 is out of bounds'"),
+                Check("samples trained on (77 are readable)", trained_on, "< 77"),
+                Check("unreadable files reported as skipped", len(skipped), "== 0")],
     )
 
 
 @pitfall(
     id="corrupt-file-drops-batch", chapter=3,
     title="Catching a bad file around the whole batch throws away the good samples with it",
-    symptom="3 unreadable files out of 80 cost dozens of good samples per epoch, and nothing says so",
+    symptom="3 unreadable files out of 80 cost more than 10 of the 77 good samples in one epoch",
     why="""Wrapping next(loader) in try/except and skipping on error looks safe, but the exception is raised
     while collating the whole batch, so every good sample in it is discarded too. Which ones are lost changes
     with the shuffle order, so the loss curve only gets a little noisier.""",
@@ -167,14 +175,15 @@ def corrupt_file_drops_batch(buggy: bool) -> Outcome:
     return Outcome(
         figures={"good samples": good, "samples seen": seen, "good samples lost": good - seen,
                  "unreadable files": len(truncated)},
-        broken=seen < good,
+        checks=[Check("good samples lost in one epoch", good - seen, "> 10")],
     )
 
 
 @pitfall(
     id="numpy-rng-in-init", chapter=3,
     title="A numpy Generator made in Dataset.__init__ repeats in every worker and every epoch",
-    symptom="16 random augmentations over 2 workers and 2 epochs hold only 4 distinct values",
+    symptom="16 random augmentations over 2 workers and 2 epochs hold at most 8 distinct values, and epoch 2 "
+            "repeats epoch 1",
     why="""Each worker gets a copy of the dataset, Generator included, in the very same state. torch reseeds its
     own RNG, Python's random and numpy's global np.random in every worker and every epoch, but it cannot know
     about a Generator stored on your dataset. Non-persistent workers are re-created from the untouched
@@ -195,14 +204,16 @@ def numpy_rng_in_init(buggy: bool) -> Outcome:
     return Outcome(
         figures={"draws": len(draws), "distinct draws": len(set(draws)),
                  "epoch 2 repeats epoch 1": epochs[0] == epochs[1]},
-        broken=len(set(draws)) < len(draws),
+        checks=[Check("distinct draws (of 16)", len(set(draws)), "<= 8"),
+                Check("epoch 2 repeats epoch 1", epochs[0] == epochs[1], "is True")],
     )
 
 
 @pitfall(
     id="python-objects-per-worker", chapter=3,
     title="A Dataset of millions of Python objects is copied into every forked worker",
-    symptom="each worker grows tens of MiB of private memory for a list of floats; a numpy array costs ~0",
+    symptom="each forked worker holds over 30 MiB of private memory after one epoch over a list of 4M floats "
+            "(the same values as a numpy array are 31 MiB)",
     why="""fork shares the parent's memory copy-on-write. Reading a Python object still writes to it: its
     reference count changes, so the page holding it is copied into the worker. Touch every float of a list
     once and every worker owns a full private copy of those pages. A numpy array is one object whose data
@@ -227,9 +238,8 @@ def python_objects_per_worker(buggy: bool) -> Outcome:
     del epoch, loader
     per_worker = sum(private) / len(private)
     return Outcome(
-        figures={"workers": len(private), "private MiB per worker (nearest 10)": int(round(per_worker, -1)),
-                 "sum of the data": round(total)},
-        broken=per_worker > 30,
+        figures={"workers": len(private), "private MiB per worker": per_worker, "sum of the data": total},
+        checks=[Check("private MiB per worker after one epoch", per_worker, "> 30")],
     )
 
 
@@ -251,11 +261,12 @@ class Squares(Dataset):                      # defined in __main__, like a noteb
 @pitfall(
     id="spawn-notebook-dataset", chapter=3,
     title="Workers started with spawn cannot find a Dataset class defined in a notebook",
-    symptom="AttributeError: Can't get attribute 'Squares' on <module '__main__'>, then the DataLoader worker exits",
+    symptom="the worker fails with AttributeError: Can't get attribute 'Squares' on <module '__main__'>, "
+            "and the script exits with an error",
     why="""spawn (the default on macOS and Windows) starts each worker as a fresh Python process and sends it
     the dataset pickled, which records only the class's module and name. A notebook's classes live in
-    __main__, which the worker cannot import, so unpickling fails. fork (the Linux default) copies the
-    parent process instead, which is why the same notebook works on Linux.""",
+    __main__, which the worker cannot import, so unpickling fails. fork (the Linux default up to Python 3.13;
+    3.14 defaults to forkserver) copies the parent process instead, which is why the same notebook works there.""",
     catch="""Define Dataset classes, collate functions and worker_init_fn in a .py module and import them.
     To test for it on Linux, pass multiprocessing_context="spawn" to the DataLoader once in your test suite.""",
 )
@@ -267,18 +278,20 @@ def spawn_notebook_dataset(buggy: bool) -> Outcome:
     code = _SPAWN_SCRIPT.format(dataset=textwrap.dedent(dataset))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,  # -c: no file, like a notebook
                          timeout=_SPAWN_TIMEOUT_S)
-    found = re.search(r"AttributeError: Can't get attribute '(\w+)' on <module '__main__'", run.stderr)
+    errors = re.findall(r"^(\w+Error: .*)$", run.stderr, flags=re.MULTILINE)   # the exception lines of stderr
+    worker_error = next((e for e in errors if e.startswith("AttributeError")), errors[-1] if errors else "-")
     return Outcome(
-        figures={"exit code": run.returncode, "worker error": found.group(0) + ">" if found else "-",
-                 "output": run.stdout.strip() or "-"},
-        broken=run.returncode != 0,
+        figures={"exit code": run.returncode, "worker error": worker_error, "output": run.stdout.strip() or "-"},
+        checks=[Check("worker error", worker_error, "contains 'AttributeError'"),
+                Check("worker error names the class", worker_error, "contains 'Squares'"),
+                Check("exit code", run.returncode, "!= 0")],
     )
 
 
 @pitfall(
     id="shuffle-off-for-training", chapter=3,
     title="shuffle=False on a training set stored class by class",
-    symptom="every batch holds a single class, and after one epoch accuracy is about 20% instead of over 90%",
+    symptom="batches hold fewer than 2 classes on average, and after one epoch accuracy is below 50% (chance is 10%)",
     why="""Datasets are often stored grouped by class (ImageFolder lists class folders in order). Without
     shuffling, each batch is one class and the optimiser chases the class of the moment, undoing what it
     learned from the earlier ones; the epoch ends with weights fitted to the last few classes. The opposite mistake exists too: shuffle=True on an evaluation loader whose
@@ -310,5 +323,6 @@ def shuffle_off_for_training(buggy: bool) -> Outcome:
     return Outcome(
         figures={"distinct labels per batch": sum(per_batch) / len(per_batch), "accuracy after 1 epoch": accuracy},
         series={"training loss": losses}, x_label="batch",
-        broken=accuracy < 0.5,
+        checks=[Check("distinct labels per batch", sum(per_batch) / len(per_batch), "< 2"),
+                Check("accuracy after 1 epoch", accuracy, "< 0.5")],
     )
