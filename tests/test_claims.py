@@ -44,6 +44,8 @@ def test_sanitize_masks_measured_figures_and_their_padding_only():
     assert "3 of 4 batches; shape (64, 3)" in sanitize(here), "exact facts must stay compared"
     assert sanitize("4 batches") != sanitize("5 batches")
     assert sanitize("ratio ≈3.2x") == sanitize("ratio ≈12x") == "ratio ~MEASURED~ x"
+    assert sanitize("took ≈900 µs, then") == sanitize("took ≈3.6 ms, then") == "took ~MEASURED~ , then"
+    assert sanitize("in ≈14 steps") == "in ~MEASURED~ steps", "a unit-like word is not a unit"
 
 
 @pytest.mark.parametrize("value, bound, holds", [
