@@ -3,7 +3,9 @@
 `diagnose_gradients(model, loss=...)` inspects a loss you computed; `diagnose_gradients(model,
 batch=(X, y), loss_fn=...)` runs one forward pass itself, watching every torch call and module,
 so it can name the op (detach, .data, no_grad, .item(), argmax...) and the module that cut the
-graph. Parameters, their .grad, buffers and the RNG are left as they were.
+graph. With `optimizer=` it also names parameters that get a gradient but that no param group holds,
+or whose group has lr 0. Parameters, their .grad, buffers and the RNG of every device in use (CPU and
+CUDA) are left as they were.
 """
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ CAUSES = {
     "unused": "never used in forward",
     "output-unused": "used in forward, but that result never reaches the loss",
     "not-in-graph": "not in the loss's graph (pass batch= to find where it was cut)",
+    "buffer": "registered with register_buffer while requires_grad=True: saved in state_dict, but not in "
+              "parameters(), so no optimizer ever updates it (make it an nn.Parameter, or drop requires_grad)",
+    "not-in-optimizer": "gets a gradient, but no param group of the optimizer holds it: step() never updates it",
+    "lr-zero": "gets a gradient, but its param group has lr 0: step() leaves it where it is",
     "zero": "the gradient is exactly 0",
     "vanishing": "the gradient is vanishingly small compared with the other parameters'",
     "non-finite": "the gradient holds NaN or inf",
@@ -79,6 +85,7 @@ class GradientReport:
     missing: list[Finding] = field(default_factory=list)
     weak: list[Finding] = field(default_factory=list)
     unregistered: list[Finding] = field(default_factory=list)
+    optimizer_gaps: list[Finding] = field(default_factory=list)
     first_cut_module: str | None = None
     backward_error: str | None = None
     inplace_ops: list[str] = field(default_factory=list)
@@ -87,12 +94,24 @@ class GradientReport:
 
     @property
     def findings(self) -> list[Finding]:
-        return [*self.unregistered, *self.missing, *self.weak]
+        return [*self.unregistered, *self.missing, *self.weak, *self.optimizer_gaps]
 
     @property
     def healthy(self) -> bool:
-        """True when every parameter is registered and got a finite, non-vanishing gradient."""
+        """True when every parameter is registered, got a finite, non-vanishing gradient and, when an
+        optimizer was given, is in one of its param groups with a non-zero lr.
+
+        Stale gradients (`.grad` already holding a gradient) do not count: a loop that calls zero_grad()
+        at the top of each step, or accumulates over micro-batches, holds them between steps by design,
+        so only the loop can tell whether they are a bug. They are listed in `.stale`, flagged by
+        `.has_stale_gradients` and printed as a warning line.
+        """
         return not self.findings and self.backward_error is None
+
+    @property
+    def has_stale_gradients(self) -> bool:
+        """True when some parameter's .grad already held a non-zero gradient when the report was made."""
+        return bool(self.stale)
 
     @property
     def causes(self) -> dict[str, str]:
@@ -119,7 +138,8 @@ class GradientReport:
             lines.append(f"backward fails: {self.backward_error}")
         lines += [f"in-place op on a tensor in the graph: {op}" for op in self.inplace_ops]
         if self.stale:
-            lines.append(f".grad already holds an earlier gradient (zero_grad missing?): {', '.join(self.stale)}")
+            lines.append(f".grad already holds an earlier gradient: the next backward() adds to it unless "
+                         f"zero_grad() runs first: {', '.join(self.stale)}")
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -335,10 +355,27 @@ def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
     return loss, watcher
 
 
+def cuda_device_indices(devices: Iterable[torch.device]) -> list[int]:
+    """The sorted CUDA device indices among `devices` (a bare 'cuda' counts as the current device)."""
+    found = set()
+    for device in devices:
+        device = torch.device(device)
+        if device.type == "cuda":
+            found.add(device.index if device.index is not None else torch.cuda.current_device())
+    return sorted(found)
+
+
+def _devices_in_use(model: nn.Module, batch: Any) -> list[torch.device]:
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))]
+    return list({t.device for t in tensors})
+
+
 def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch: Any = None,
                        loss_fn: Callable | None = None, vanishing: float = 1e-6,
-                       allow_frozen: bool = False) -> GradientReport:
-    """Report parameters with no, zero, vanishing or non-finite gradient, with the cause of each."""
+                       allow_frozen: bool = False,
+                       optimizer: torch.optim.Optimizer | None = None) -> GradientReport:
+    """Report parameters with no, zero, vanishing or non-finite gradient, or left out of `optimizer`, and why."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if (loss is None) == (batch is None):
@@ -349,6 +386,8 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
     if not (isinstance(vanishing, (int, float)) and 0 <= vanishing < 1):
         raise ValueError(f"vanishing must be a number in [0, 1), got {vanishing!r}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     named = dict(model.named_parameters())
     hidden = unregistered_parameters(model)
     if not named and not hidden:
@@ -359,6 +398,12 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
         what = "a plain tensor attribute, not an nn.Parameter" if container == path \
             else f"in the plain container `{container}`"
         report.unregistered.append(Finding(path, _owner_of_path(path), "unregistered", what))
+    for name, buffer in model.named_buffers():
+        if buffer.requires_grad:
+            report.parameters.append(name)
+            report.unregistered.append(Finding(name, _owner_of_path(name), "buffer",
+                                               "a buffer with requires_grad=True, not an nn.Parameter"))
+    report.stale = [n for n, p in named.items() if p.grad is not None and bool(p.grad.any())]
 
     if loss is not None:
         _check_loss(loss, "loss")
@@ -366,14 +411,14 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
             raise ValueError("loss has no graph (grad_fn is None, requires_grad is False): it was computed under "
                              "no_grad/inference_mode, from detached tensors, or rebuilt from a number. Pass batch= "
                              "(and loss_fn=) instead, so the detector runs forward itself and finds the cut")
-        report.stale = [n for n, p in named.items() if p.grad is not None and bool(p.grad.any())]
-        return _fill_report(report, model, loss, None, hidden, vanishing, allow_frozen)
+        return _fill_report(report, model, loss, None, hidden, vanishing, allow_frozen, optimizer)
     extra = {path.rsplit(".", 1)[0]: m for path, (_, m) in hidden.items() if m is not None}
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     try:
-        with torch.random.fork_rng(devices=[]):
+        # Dropout and the like draw random numbers: restore the generator of every device in use.
+        with torch.random.fork_rng(devices=cuda_device_indices(_devices_in_use(model, batch))):
             loss, watcher = _run_forward(model, batch, loss_fn, extra)
-        return _fill_report(report, model, loss, watcher, hidden, vanishing, allow_frozen)
+        return _fill_report(report, model, loss, watcher, hidden, vanishing, allow_frozen, optimizer)
     finally:
         with torch.no_grad():  # BatchNorm running stats and the like, as they were
             for name, b in model.named_buffers():
@@ -387,7 +432,8 @@ def _owner_of_path(path: str) -> str:
 
 
 def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, watcher: _ForwardWatcher | None,
-                 hidden: dict, vanishing: float, allow_frozen: bool) -> GradientReport:
+                 hidden: dict, vanishing: float, allow_frozen: bool,
+                 optimizer: torch.optim.Optimizer | None = None) -> GradientReport:
     """Compute the gradients with autograd.grad (leaving .grad alone) and explain what is wrong."""
     named = dict(model.named_parameters())
     owner = {id(p): _module_label(name) for name, m in model.named_modules() for p in m.parameters(recurse=False)}
@@ -416,6 +462,8 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
         elif grads[name] is None:
             report.missing.append(_explain_missing(name, owner.get(id(p), "(model)"), p, watcher, loss))
     _flag_weak(report, {n: g for n, g in grads.items() if n in named}, owner, named, vanishing)
+    if optimizer is not None:
+        _flag_optimizer_gaps(report, optimizer, {n: p for n, p in named.items() if grads.get(n) is not None}, owner)
     if watcher is not None:
         for i, event in enumerate(watcher.events):
             explained = i in watcher.blamed or event.ancestors & watcher.blamed
@@ -423,6 +471,19 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
                 report.notes.append(f"{_where(event)} left the graph, but no parameter lost its gradient through it")
         report.notes = list(dict.fromkeys(report.notes))
     return report
+
+
+def _flag_optimizer_gaps(report: GradientReport, optimizer: torch.optim.Optimizer,
+                         with_grad: dict[str, torch.Tensor], owner: dict[int, str]) -> None:
+    """Parameters that got a gradient but that the optimizer never moves: in no param group, or lr 0."""
+    lr_of = {id(p): float(group.get("lr", 0.0)) for group in optimizer.param_groups for p in group["params"]}
+    for name, p in with_grad.items():
+        module = owner.get(id(p), "(model)")
+        if id(p) not in lr_of:
+            report.optimizer_gaps.append(Finding(name, module, "not-in-optimizer",
+                                                 f"in none of the {len(optimizer.param_groups)} param group(s)"))
+        elif lr_of[id(p)] == 0.0:
+            report.optimizer_gaps.append(Finding(name, module, "lr-zero", "its param group has lr 0"))
 
 
 def _where(event: _CutEvent) -> str:

@@ -232,3 +232,83 @@ def test_vanishing_detail_marks_its_figures_as_measured():
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
     report = diagnose_gradients(model, batch=torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
     assert report.weak[0].detail.startswith("RMS ≈") and "largest (≈" in report.weak[0].detail
+
+
+def test_optimizer_gaps_are_reported():
+    """A parameter with a gradient that no param group holds, or whose group has lr 0, does not learn."""
+    model = TwoStage()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)                 # the encoder was left out
+    report = diagnose(model, optimizer=opt)
+    assert not report.healthy
+    assert report.causes == {"encoder.weight": "not-in-optimizer", "encoder.bias": "not-in-optimizer"}, str(report)
+    assert "not-in-optimizer" in str(report)
+    frozen_lr = torch.optim.SGD([{"params": model.encoder.parameters(), "lr": 0.0},
+                                 {"params": model.head.parameters()}], lr=0.1)
+    assert diagnose(model, optimizer=frozen_lr).causes == {"encoder.weight": "lr-zero", "encoder.bias": "lr-zero"}
+    assert diagnose(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)).healthy
+    assert diagnose(model).healthy                                          # without optimizer=, not judged
+    with pytest.raises(TypeError, match="optimizer must be"):
+        diagnose(model, optimizer=[model.head.weight])
+
+
+def test_optimizer_gap_not_reported_for_a_parameter_already_missing_its_gradient():
+    model = TwoStage("detach")
+    report = diagnose(model, optimizer=torch.optim.SGD(model.head.parameters(), lr=0.1))
+    assert report.causes == {"encoder.weight": "detach", "encoder.bias": "detach"}
+
+
+def test_a_buffer_that_requires_grad_is_reported():
+    model = TwoStage()
+    model.register_buffer("scale", torch.ones(1, requires_grad=True))     # learnable in intent, never stepped
+    report = diagnose(model)
+    assert not report.healthy
+    assert report.causes == {"scale": "buffer"} and "scale" in report.parameters
+    assert "register_buffer" in str(report) or "buffer" in str(report)
+    plain = TwoStage()
+    plain.register_buffer("scale", torch.ones(1))                          # a plain buffer is fine
+    assert diagnose(plain).healthy
+
+
+def test_stale_gradients_are_listed_in_both_modes_and_flagged_apart_from_healthy():
+    model = TwoStage()
+    nn.functional.mse_loss(model(X), Y).backward()                         # an earlier step, not zeroed
+    report = diagnose(model)
+    assert report.stale == ["encoder.weight", "encoder.bias", "head.weight", "head.bias"]
+    assert report.has_stale_gradients and report.healthy                   # flow is fine; the loop decides
+    assert "zero_grad" in str(report)
+    model.zero_grad()
+    assert not diagnose(model).has_stale_gradients
+
+
+def test_cuda_devices_in_use_are_found():
+    from ptlab.diagnose import cuda_device_indices
+
+    devices = [torch.device("cuda", 1), torch.device("cpu"), torch.device("cuda:1"), torch.device("cuda", 0)]
+    assert cuda_device_indices(devices) == [0, 1]
+    assert cuda_device_indices([torch.device("cpu")]) == []
+
+
+def test_batch_mode_forks_the_rng_of_every_device_in_use(monkeypatch):
+    import ptlab.diagnose as diagnose_module
+
+    seen = []
+    real_fork = torch.random.fork_rng
+
+    def recording_fork(devices=None, **kwargs):
+        seen.append(devices)
+        return real_fork(devices=[], **kwargs)           # no CUDA here: record the request, fork the CPU
+
+    monkeypatch.setattr(torch.random, "fork_rng", recording_fork)
+    monkeypatch.setattr(diagnose_module, "cuda_device_indices", lambda devices: [3])
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 1)).train()
+    before = torch.random.get_rng_state()
+    diagnose(model)
+    assert seen == [[3]] and torch.equal(torch.random.get_rng_state(), before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_rng_is_restored():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 1)).cuda().train()
+    before = torch.cuda.get_rng_state()
+    diagnose_gradients(model, batch=(X.cuda(), Y.cuda()), loss_fn=nn.MSELoss())
+    assert torch.equal(torch.cuda.get_rng_state(), before)

@@ -36,8 +36,8 @@ def gated_model_and_batch(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor,
     id="ch2-why-no-training", chapter=2,
     task="find which layer of gated_model_and_batch()'s model never trains and why: answer "
          "(module name, cause), the cause as diagnose_gradients names it",
-    hint="report = diagnose_gradients(model, batch=batch, loss_fn=nn.MSELoss()); print(report) and read "
-         "the module and cause of the parameters listed",
+    hint="read the forward: through which op can no gradient flow? Or let the detector of section 10 say it: "
+         "run diagnose_gradients on gated_model with batch=gated_batch and an MSE loss, and read its table",
 )
 def check_why_no_training(answer) -> None:
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
@@ -53,7 +53,8 @@ def check_why_no_training(answer) -> None:
     id="ch2-penalty-in-graph", chapter=2,
     task="write weight_penalty(model) returning the sum of squared weights of every parameter as a "
          "tensor that stays in the graph",
-    hint="sum(p.pow(2).sum() for p in model.parameters()); never go through .item() or torch.tensor()",
+    hint="a Python number (from .item(), float() or torch.tensor(...)) carries no graph; combine the "
+         "parameters with tensor operations only, and keep every partial result a tensor",
 )
 def check_penalty_in_graph(weight_penalty) -> None:
     torch.manual_seed(0)
@@ -63,7 +64,8 @@ def check_penalty_in_graph(weight_penalty) -> None:
         raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
     expected = sum(p.detach().pow(2).sum() for p in model.parameters())
     if penalty.numel() != 1 or not torch.allclose(penalty.detach().reshape(()), expected):
-        raise Wrong(f"the value is {penalty.detach().flatten()[:3].tolist()}, expected {expected.item():.4f}.")
+        shown = ", ".join(f"{v:.4f}" for v in penalty.detach().flatten()[:3].tolist())
+        raise Wrong(f"the value is {shown}, expected {expected.item():.4f}.")
     if not penalty.requires_grad:
         raise Wrong("the value is right but it has no grad_fn: the penalty cannot train anything.")
     grads = torch.autograd.grad(penalty.reshape(()), list(model.parameters()), allow_unused=True)
@@ -84,7 +86,8 @@ def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tenso
     id="ch2-clipped-step", chapter=2,
     task="write clipped_step(model, opt, X, y, max_norm): one SGD step on the MSE loss with the gradient "
          "norm clipped to max_norm; return the norm before clipping as a float",
-    hint="zero_grad, forward, mse_loss, backward, clip_grad_norm_ (it returns the norm before clipping), step",
+    hint="clipping rescales .grad, so it has to sit where the gradients exist and the step has not used "
+         "them yet; the clipping function already tells you the norm it saw",
 )
 def check_clipped_step(clipped_step) -> None:
     torch.manual_seed(0)
@@ -99,8 +102,8 @@ def check_clipped_step(clipped_step) -> None:
         got = calls_stub(clipped_step, theirs, opt_theirs, X, y, 1.0)
         want = _reference_step(ours, opt_ours, X, y, 1.0)
         if isinstance(got, torch.Tensor):
-            got = got.item()
-        if not isinstance(got, (int, float)):
+            raise Wrong("you returned a tensor; the task asks for a Python float: turn the norm into a number.")
+        if not isinstance(got, float):
             raise Wrong(f"return the norm as a float, not {type(got).__name__}.")
         if step == 0 and abs(got - 1.0) < 1e-4 < abs(want - 1.0):
             raise Wrong("you returned the norm after clipping; clip_grad_norm_ returns the one before.")

@@ -31,10 +31,10 @@ def _max_change(before: list[torch.Tensor], layers: list[nn.Module]) -> float:
     id="missing-zero-grad", chapter=2,
     title="Gradients pile up without optimizer.zero_grad()",
     symptom="over three identical backward passes the grad norm is 2x, then 3x the first (each within 0.1)",
-    why="""backward() adds into .grad; it never overwrites it. Without zero_grad() each step's
+    why="""`backward()` adds into `.grad`; it never overwrites it. Without `zero_grad()` each step's
     gradient is the sum of every gradient since the last reset, so the update grows with the step
     count and points partly in stale directions.""",
-    catch="""Call optimizer.zero_grad() (set_to_none=True by default) once per step, before backward().
+    catch="""Call `optimizer.zero_grad()` (`set_to_none=True` by default) once per step, before `backward()`.
     Log the gradient norm each step: a norm that climbs linearly on similar batches is this bug.""",
 )
 def missing_zero_grad(buggy: bool) -> Outcome:
@@ -77,13 +77,13 @@ class ListMLP(nn.Module):
     title="Layers kept in a plain Python list are never trained",
     symptom="model.parameters() holds 2 of the 6 parameter tensors; after 20 SGD steps the listed layers' "
             "weights are exactly unchanged",
-    why="""nn.Module registers a submodule only when it is assigned as an attribute directly, or held
-    in nn.ModuleList / nn.ModuleDict. A plain list hides it: parameters(), state_dict(), .to(device)
-    and the optimizer never see those layers. They still run in forward and even get .grad, but no
+    why="""`nn.Module` registers a submodule only when it is assigned as an attribute directly, or held
+    in `nn.ModuleList` / `nn.ModuleDict`. A plain list hides it: `parameters()`, `state_dict()`, `.to(device)`
+    and the optimizer never see those layers. They still run in forward and even get `.grad`, but no
     step ever updates them, and a checkpoint does not contain them.""",
-    catch="""Use nn.ModuleList / nn.ModuleDict. Compare sum(p.numel() for p in model.parameters())
-    with what you expect, or run ptlab.diagnose.diagnose_gradients: it lists unregistered parameters
-    by path (hidden[0].weight).""",
+    catch="""Use `nn.ModuleList` / `nn.ModuleDict`. Compare `sum(p.numel() for p in model.parameters())`
+    with what you expect, or run `ptlab.diagnose.diagnose_gradients`: it lists unregistered parameters
+    by path (`hidden[0].weight`).""",
 )
 def plain_list_of_layers(buggy: bool) -> Outcome:
     X, y = _regression_batch()
@@ -127,12 +127,12 @@ class EncoderHead(nn.Module):
     id="detach-in-forward", chapter=2,
     title="A .detach() inside forward silently freezes every layer before it",
     symptom="after 5 SGD steps encoder.weight.grad is None and the encoder's weights are exactly unchanged",
-    why="""detach() returns a tensor with no grad_fn, so backward stops there: the layers before it
-    are not in the loss's graph and get no gradient (.grad stays None). The optimizer skips
-    parameters whose .grad is None, so they never move, and nothing raises or warns.""",
-    catch="""After one backward(), check that every trainable parameter has a .grad that is not None, or
-    run ptlab.diagnose.diagnose_gradients(model, batch=(X, y), loss_fn=...): it names the detach and
-    the module it ran in.""",
+    why="""`detach()` returns a tensor with no `grad_fn`, so backward stops there: the layers before it
+    are not in the loss's graph and get no gradient (`.grad` stays `None`). The optimizer skips
+    parameters whose `.grad` is `None`, so they never move, and nothing raises or warns.""",
+    catch="""After one `backward()`, check that every trainable parameter has a `.grad` that is not `None`,
+    or run `ptlab.diagnose.diagnose_gradients(model, batch=(X, y), loss_fn=...)`: it names the `detach`
+    and the module it ran in.""",
 )
 def detach_in_forward(buggy: bool) -> Outcome:
     X, y = _regression_batch()
@@ -161,15 +161,15 @@ def detach_in_forward(buggy: bool) -> Outcome:
     title="An in-place edit of a tensor autograd saved breaks backward()",
     symptom="backward() raises RuntimeError: one of the variables needed for gradient computation has been "
             "modified by an inplace operation, naming output 0 of Sigmoid",
-    why="""sigmoid saves its output to compute its gradient (s * (1 - s)). Writing into that output
-    in place (h[:, 0] = 0, h += 1, relu_) bumps the tensor's version counter; backward compares it
+    why="""`sigmoid` saves its output to compute its gradient (`s * (1 - s)`). Writing into that output
+    in place (`h[:, 0] = 0`, `h += 1`, `relu_`) bumps the tensor's version counter; backward compares it
     with the version it saved and refuses rather than use the wrong numbers. The error names the
     op whose saved tensor changed (here "output 0 of Sigmoid") and the versions; the message alone
     does not give your line, and its hint points at anomaly detection, which does.""",
     catch="""Read the message: the shape and op it names point at the tensor. To get the line, rerun the
-    step under torch.autograd.detect_anomaly() (or set_detect_anomaly(True)): the failing backward then
+    step under `torch.autograd.detect_anomaly()` (or `set_detect_anomaly(True)`): the failing backward then
     warns with the traceback of the forward call that made the node. Replace the in-place edit with
-    an out-of-place one (h = h * mask, torch.where) or clone() first. tensor._version shows how many
+    an out-of-place one (`h = h * mask`, `torch.where`) or `clone()` first. `tensor._version` shows how many
     times a tensor was modified in place.""",
 )
 def inplace_saved_for_backward(buggy: bool) -> Outcome:
@@ -185,10 +185,11 @@ def inplace_saved_for_backward(buggy: bool) -> Outcome:
     try:
         h.sum().backward()
     except RuntimeError as err:
-        message, detail = str(err).split(" Hint:")[0].split(": ", 1)   # detail: which tensor, which versions
+        text, hint = str(err).split(" Hint: ")                          # the whole message, in its parts
+        message, detail = text.split(": ", 1)                            # detail: which tensor, which versions
         tensor, versions = detail.split(", is at ")
         return Outcome(figures={"error": message, "tensor": tensor, "versions": "is at " + versions,
-                                "h._version": h._version},
+                                "hint": hint, "h._version": h._version},
                        checks=[Check("backward() raised", message, "contains 'modified by an inplace operation'"),
                                Check("the message names", tensor, "contains 'output 0 of Sigmoid'")])
     return Outcome(figures={"grad norm of layer.weight": layer.weight.grad.norm().item(),
@@ -204,11 +205,11 @@ def inplace_saved_for_backward(buggy: bool) -> Outcome:
             "than 30 of the 40 losses are finite (the rest are inf or NaN)",
     why="""With large inputs the loss surface is steep: a learning rate that would be fine on unit-scale
     data overshoots, each step lands further away, and the gradient grows with the error. In a few
-    dozen steps float32 overflows to inf, and inf - inf gives NaN, which then spreads to every weight.""",
+    dozen steps `float32` overflows to `inf`, and `inf - inf` gives `NaN`, which then spreads to every weight.""",
     catch="""Fix the cause: normalise the inputs (or lower the learning rate). Keep
-    torch.nn.utils.clip_grad_norm_ as a guard, not as the fix: it returns the norm before clipping, so
+    `torch.nn.utils.clip_grad_norm_` as a guard, not as the fix: it returns the norm before clipping, so
     log it; clipping alone keeps this run finite but it still ends far worse than predicting the mean.
-    Stop on a non-finite loss: if not torch.isfinite(loss): raise.""",
+    Stop on a non-finite loss: `if not torch.isfinite(loss): raise`.""",
 )
 def exploding_gradients_nan(buggy: bool) -> Outcome:
     X, y = _regression_batch()
@@ -246,11 +247,11 @@ def exploding_gradients_nan(buggy: bool) -> Outcome:
     title="A loss term computed through .item() changes the loss but not the gradient",
     symptom="a weight penalty built with .item() has requires_grad False and leaves the gradient exactly "
             "as without it",
-    why=""".item() returns a Python float; torch.tensor(float) is a new leaf with no history. The penalty
+    why="""`.item()` returns a Python float; `torch.tensor(float)` is a new leaf with no history. The penalty
     is added to the loss value you log, so it looks active, but backward cannot reach the weights
     through it: the gradient, and so training, is exactly as if it were not there.""",
-    catch="""Build every loss term from tensors (w.pow(2).sum()), never from .item(), .numpy() or
-    torch.tensor(x). Check that each term has a grad_fn (assert term.requires_grad) before adding it.""",
+    catch="""Build every loss term from tensor operations, never from `.item()`, `.numpy()` or
+    `torch.tensor(x)`. Check that each term has a `grad_fn` (`assert term.requires_grad`) before adding it.""",
 )
 def item_in_loss_term(buggy: bool) -> Outcome:
     X, y = _regression_batch()
@@ -278,12 +279,12 @@ def item_in_loss_term(buggy: bool) -> Outcome:
     title="Summing validation losses as tensors keeps every batch's graph alive",
     symptom="after 20 validation batches every one of the 120 tensors autograd saved for backward is still "
             "alive, and the activations among them (the batch and the weights not counted) hold over 1,000 KiB",
-    why="""Outside torch.no_grad() every forward records a graph that holds the activations backward
-    would need. total += loss keeps total a tensor with a grad_fn, linked to every batch's loss and so
-    to every batch's activations: nothing is freed until total is, and memory grows batch by batch.
-    (After backward() the saved activations are freed, which is why this bites in evaluation loops.)""",
-    catch="""Accumulate numbers: total += loss.item(); and evaluate under torch.no_grad() or
-    torch.inference_mode(), which records no graph at all. Memory that grows per batch is this.""",
+    why="""Outside `torch.no_grad()` every forward records a graph that holds the activations backward
+    would need. `total += loss` keeps `total` a tensor with a `grad_fn`, linked to every batch's loss and so
+    to every batch's activations: nothing is freed until `total` is, and memory grows batch by batch.
+    (After `backward()` the saved activations are freed, which is why this bites in evaluation loops.)""",
+    catch="""Accumulate numbers: `total += loss.item()`; and evaluate under `torch.no_grad()` or
+    `torch.inference_mode()`, which records no graph at all. Memory that grows per batch is this.""",
 )
 def running_loss_keeps_graph(buggy: bool) -> Outcome:
     X, y = _regression_batch(n=256)
@@ -306,3 +307,41 @@ def running_loss_keeps_graph(buggy: bool) -> Outcome:
         checks=[Check("saved tensors still alive, of 120", alive, "== 120"),
                 Check("KiB of saved activations still held", held // 1024, "> 1000")],
     )
+
+
+@pitfall(
+    id="inplace-through-data", chapter=2,
+    title="An in-place edit through .data gives a silently wrong gradient; through detach() it raises",
+    symptom="after halving a saved sigmoid output through .data, backward() runs without an error and "
+            "the gradient is off from the true derivative by more than 0.01",
+    why="""`.data` gives the same memory as a tensor autograd does not track, with a version counter of its
+    own: an in-place edit through it is invisible to autograd. Here `sigmoid` saved its output `s` to
+    compute `s * (1 - s)` in backward; halving `s` through `.data` changes what backward reads, and
+    backward uses the changed numbers without a word. `detach()` also gives the same memory outside the
+    graph, but it shares the version counter with `s`, so the same edit bumps `s._version` and backward
+    refuses with the in-place error instead of returning wrong numbers.""",
+    catch="""Do not use `.data` in new code: use `detach()` to read values outside the graph, and
+    `with torch.no_grad():` to update parameters in place, as optimizers do. If backward then raises the
+    in-place error, edit out of place (`s = s * 0.5`) or `clone()` first. Check a suspicious gradient
+    against `torch.autograd.gradcheck` or a finite difference on a small input.""",
+)
+def inplace_through_data(buggy: bool) -> Outcome:
+    z = torch.linspace(-2.0, 2.0, 8, requires_grad=True)   # (8,)
+    s = torch.sigmoid(z)                                    # saves s: backward computes s * (1 - s)
+    true_grad = (s * (1 - s)).detach()                      # d sum(sigmoid(z)) / dz at these z
+    if buggy:
+        s.data.mul_(0.5)                                    # BUG: autograd cannot see this edit
+    else:
+        s.detach().mul_(0.5)                                # FIX: shares the version counter: backward knows
+    try:
+        s.sum().backward()
+    except RuntimeError as err:
+        message, detail = str(err).split(" Hint: ")[0].split(": ", 1)   # the whole message, in two parts
+        return Outcome(figures={"backward()": f"raised: {message}", "which tensor": detail, "s._version": s._version},
+                       checks=[Check("backward() raised an error", True, "is False"),
+                               Check("max |z.grad - true derivative|", "no gradient: backward() raised", "> 0.01")])
+    error = (z.grad - true_grad).abs().max().item()
+    return Outcome(figures={"backward()": "ran, no error", "s._version": s._version,
+                            "max |z.grad - true derivative|": error},
+                   checks=[Check("backward() raised an error", False, "is False"),
+                           Check("max |z.grad - true derivative|", error, "> 0.01")])

@@ -23,14 +23,14 @@ def _regression_data(seed: int = 0, n: int = 64):
     title="A (B, 1) prediction against a (B,) target broadcasts to (B, B)",
     symptom="the model learns only the mean: R² stays below 0.5 and the final loss is var(y) within 10% "
             "(what predicting the mean scores); under the default filter the UserWarning shows once in 60 steps",
-    why="""MSELoss subtracts target from prediction elementwise; (B, 1) - (B,) broadcasts to a (B, B)
+    why="""`MSELoss` subtracts target from prediction elementwise; `(B, 1) - (B,)` broadcasts to a `(B, B)`
     matrix, so every prediction is compared with every target. The best a model can do against that
-    is predict the mean target, where the loss is var(y): the loss falls to var(y) and stops there,
+    is predict the mean target, where the loss is `var(y)`: the loss falls to `var(y)` and stops there,
     which looks fine only if nothing compares it with a baseline. PyTorch emits a UserWarning, which
     the default warning filter shows once per source line, not once per step: one line in a long log.""",
-    catch="""Assert shapes before the loss (assert pred.shape == y.shape), squeeze the model's last dim
-    or keep targets as (B, 1), compare the loss with var(y) (what predicting the mean scores), and turn
-    warnings into errors in tests (pytest -W error::UserWarning).""",
+    catch="""Assert shapes before the loss (`assert pred.shape == y.shape`), squeeze the model's last dim
+    or keep targets as `(B, 1)`, compare the loss with `var(y)` (what predicting the mean scores), and turn
+    warnings into errors in tests (`pytest -W error::UserWarning`).""",
 )
 def broadcast_loss_shape(buggy: bool) -> Outcome:
     X, y = _regression_data()                             # X (64, 1), y (64,)
@@ -69,13 +69,13 @@ def broadcast_loss_shape(buggy: bool) -> Outcome:
     title="view() that merges the swapped dims of a transposed tensor raises; reshape() copies",
     symptom="flattening x.t() with view(-1) raises RuntimeError: view size is not compatible with "
             "input tensor's size and stride",
-    why="""view() never copies: it reinterprets the same memory with new strides. After .t() or
-    .permute() the elements are no longer laid out row by row, so no strides can describe a shape
+    why="""`view()` never copies: it reinterprets the same memory with new strides. After `.t()` or
+    `.permute()` the elements are no longer laid out row by row, so no strides can describe a shape
     that merges the swapped dimensions (flattening them) without moving data. A view that only splits
-    or adds size-1 dims still works: x.t().view(3, 1, 2) succeeds. reshape() returns a view when it
+    or adds size-1 dims still works: `x.t().view(3, 1, 2)` succeeds. `reshape()` returns a view when it
     can and a copy when it must.""",
-    catch="""Use reshape() unless you need the guarantee that no copy happens; check x.is_contiguous()
-    and compare data_ptr() before and after to see whether you got a view.""",
+    catch="""Use `reshape()` unless you need the guarantee that no copy happens; check `x.is_contiguous()`
+    and compare `data_ptr()` before and after to see whether you got a view.""",
 )
 def view_after_transpose(buggy: bool) -> Outcome:
     x = torch.arange(6).reshape(2, 3)                     # (2, 3), contiguous
@@ -87,7 +87,7 @@ def view_after_transpose(buggy: bool) -> Outcome:
         else:
             flat = xt.reshape(-1)                         # FIX: copies because it must
     except RuntimeError as err:
-        error = str(err).split(" (")[0]
+        error = str(err)                                  # whole: its last sentence is the advice
         return Outcome(figures={"error": error, "x.t().view(3, 1, 2)": f"works, shape {no_merge}"},
                        checks=[Check("flattening x.t() raised", error, "contains 'view size is not compatible'")])
     return Outcome(
@@ -101,11 +101,12 @@ def view_after_transpose(buggy: bool) -> Outcome:
     id="uint8-overflow", chapter=1,
     title="Brightening a uint8 image wraps around instead of saturating",
     symptom="adding 100 to every pixel of a random uint8 image makes over a third of its 3,072 pixels darker",
-    why="""uint8 holds 0..255 and integer arithmetic in PyTorch wraps modulo 256: 200 + 100 is 44.
+    why="""`uint8` holds 0..255 and integer arithmetic in PyTorch wraps modulo 256: `200 + 100` is `44`.
     Adding a Python int keeps the tensor's dtype (a Python scalar does not promote a tensor of the same
-    category; img + 100.0 would give float32), so the overflow is silent: no warning, no error.""",
-    catch="""Convert images to float (or a wider int) before arithmetic and clamp back:
-    (img.float() + 100).clamp(0, 255). Check min/max or a histogram after every pixel transform.""",
+    category; `img + 100.0` would give `float32`), so the overflow is silent: no warning, no error.""",
+    catch="""Do pixel arithmetic in a dtype that holds every intermediate value (float, or a wider int),
+    bring the result back into the valid range, and only then narrow to `uint8`. Check `min()`/`max()`
+    or a histogram after every pixel transform.""",
 )
 def uint8_overflow(buggy: bool) -> Outcome:
     g = torch.Generator().manual_seed(0)
@@ -131,11 +132,11 @@ def _standardize_inplace(batch: torch.Tensor) -> torch.Tensor:
     id="inplace-alias", chapter=1,
     title="An in-place op through a view or alias edits the original tensor",
     symptom="normalising a 32-row batch in place rewrites those 32 rows of the dataset it was sliced from",
-    why="""Basic slicing (data[:32]) returns a view that shares memory with data, and in-place ops
-    (-=, add_, clamp_) write through it. Plain assignment (batch = data) copies nothing either.
+    why="""Basic slicing (`data[:32]`) returns a view that shares memory with `data`, and in-place ops
+    (`-=`, `add_`, `clamp_`) write through it. Plain assignment (`batch = data`) copies nothing either.
     The dataset is silently modified and every later epoch trains on different numbers.""",
-    catch="""Prefer out-of-place ops in data code (batch = batch - mean), or clone() before editing.
-    To test for it, compare a checksum (data.sum()) or data.clone() before and after the call.""",
+    catch="""Prefer out-of-place ops in data code (`batch = batch - mean`), or `clone()` before editing.
+    To test for it, compare a checksum (`data.sum()`) or `data.clone()` before and after the call.""",
 )
 def inplace_alias(buggy: bool) -> Outcome:
     g = torch.Generator().manual_seed(0)
@@ -160,11 +161,12 @@ def inplace_alias(buggy: bool) -> Outcome:
     id="missing-keepdim", chapter=1,
     title="Normalising rows without keepdim divides the wrong axis when the matrix is square",
     symptom="on a 4 x 4 matrix the rows should sum to 1, but one is off by more than 0.1, and nothing raises",
-    why="""x.sum(dim=1) has shape (N,), which broadcasts as a row (1, N) against x (N, C). When N == C
-    it divides column j by the sum of row j: no error, wrong numbers. When N != C it raises, which is
-    why the bug survives testing on square toy inputs and strikes in production, or the reverse.""",
-    catch="""Use keepdim=True for reductions you broadcast back (x / x.sum(dim=1, keepdim=True)), or
-    torch.softmax/normalize with an explicit dim; assert the invariant (rows sum to 1) in a test.""",
+    why="""`x.sum(dim=1)` has shape `(N,)`, which broadcasts as a row `(1, N)` against `x` `(N, C)`. When
+    `N == C` it divides column j by the sum of row j: no error, wrong numbers. When `N != C` it raises,
+    which is why the bug survives testing on square toy inputs and strikes in production, or the reverse.""",
+    catch="""Keep the reduced dim as size 1 in any reduction you broadcast back (the reductions take an
+    argument for that), or use `torch.softmax` / `torch.nn.functional.normalize` with an explicit `dim`;
+    assert the invariant (rows sum to 1) in a test, on a non-square input.""",
 )
 def missing_keepdim(buggy: bool) -> Outcome:
     g = torch.Generator().manual_seed(0)
@@ -178,4 +180,44 @@ def missing_keepdim(buggy: bool) -> Outcome:
     return Outcome(
         figures={**{f"sum of row {i}": v for i, v in enumerate(row_sums.tolist())}, "max |row sum - 1|": worst},
         checks=[Check("max |row sum - 1|", worst, "> 0.1")],
+    )
+
+
+@pitfall(
+    id="normalize-channel-mean-broadcast", chapter=1,
+    title="A (C,) channel mean against a (B, C, H, W) batch lines up with W, not C",
+    symptom="on 3 x 3 RGB images (W == C) normalising by a (C,) mean leaves a channel mean more than 1 "
+            "from 0 (instead of about 0), silently; the same line raises on 32 x 32 images",
+    why="""Broadcasting aligns shapes from the right, so a `(C,)` mean meets the last dim of `(B, C, H, W)`:
+    the width. When `W != C` the sizes clash and it raises; when `W == C` (3 x 3 crops, a width-3 toy test)
+    it runs and subtracts channel j's mean from column j of every channel: no error, wrongly normalised
+    images. Per-pixel layouts `(B, H, W, C)`, as NumPy and PIL use, are where a `(C,)` mean is right.""",
+    catch="""Give channel statistics the shape of the channel axis: `(1, C, 1, 1)` (or `(C, 1, 1)`) with
+    `view` or `reshape`, or use `torchvision.transforms.Normalize`, which does it for you. After
+    normalising, check the per-channel mean over `(0, 2, 3)`: it should be near 0 for every channel.""",
+)
+def normalize_channel_mean_broadcast(buggy: bool) -> Outcome:
+    g = torch.Generator().manual_seed(0)
+    mean = torch.tensor([0.2, 0.5, 0.8])                  # (C,): per-channel mean of the dataset
+    std = torch.tensor([0.1, 0.1, 0.1])                   # (C,)
+    images = mean.view(1, 3, 1, 1) + std.view(1, 3, 1, 1) * torch.randn(256, 3, 3, 3, generator=g)  # (B, C, 3, 3)
+    large = mean.view(1, 3, 1, 1) + torch.zeros(4, 3, 32, 32)                                      # (B, C, 32, 32)
+
+    def normalize(x: torch.Tensor) -> torch.Tensor:
+        if buggy:
+            return (x - mean) / std                       # BUG: (C,) lines up with W, the last dim
+        return (x - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)  # FIX: (1, C, 1, 1) lines up with C
+
+    channel_means = normalize(images).mean(dim=(0, 2, 3))  # (C,): should be about 0 each
+    worst = channel_means.abs().max().item()
+    try:
+        normalize(large)
+        large_result = "no error"
+    except RuntimeError as err:
+        large_result = str(err)
+    return Outcome(
+        figures={**{f"mean of channel {c} after": v for c, v in enumerate(channel_means.tolist())},
+                 "32 x 32 batch": large_result},
+        checks=[Check("max |channel mean| after normalising 3 x 3 images", worst, "> 1"),
+                Check("normalising 32 x 32 images raised", large_result, "contains 'must match the size'")],
     )
