@@ -2,6 +2,9 @@
 
     report = check_loader(loader, compute=simulated_step(0.01), warmup_batches=2, max_batches=30)
     print(report)          # throughput, wait vs compute, a one-line verdict
+
+Without `compute=` there is nothing to compare the waiting with: the report measures the loader alone
+(and, with `workers=(0, 1, 2)`, the same loader at each worker count) and says the verdict is unknown.
 """
 from __future__ import annotations
 
@@ -71,6 +74,7 @@ class LoaderReport:
     num_workers: int
     verdict: str
     next_step: str
+    by_workers: tuple[tuple[int, float], ...] = ()   # (num_workers, samples/s of the loader alone), if asked
 
     @property
     def samples_per_s(self) -> float:
@@ -86,12 +90,18 @@ class LoaderReport:
         return self.wait_s / max(self.wait_s + self.compute_s, 1e-12)
 
     @property
+    def samples_per_s_by_workers(self) -> dict[int, float]:
+        """Samples/s of the loader alone per num_workers (empty unless check_loader was given workers=)."""
+        return dict(self.by_workers)
+
+    @property
     def input_bound(self) -> bool:
         return self.verdict == "input-bound"
 
     def __str__(self) -> str:
         # Times, rates and shares depend on the machine: printed through measured() ('≈', masked by nbval),
         # in fixed units so the text around them is the same everywhere. Counts and the verdict are exact.
+        per_workers = [f"  loader alone, num_workers={w}: {measured(rate)} samples/s" for w, rate in self.by_workers]
         return "\n".join([
             f"loader check over {self.batches} batches ({self.samples} samples) after warm-up, "
             f"num_workers={self.num_workers}",
@@ -100,6 +110,7 @@ class LoaderReport:
             f"  compute step     {measured(self.compute_s)} s ({measured(100 * (1 - self.wait_share), 2)}%)",
             f"  first batch      {measured(self.first_batch_s)} s"
             + (" (worker start-up included)" if self.num_workers else ""),
+            *per_workers,
             f"  verdict          {self.verdict}: {self.next_step}",
         ])
 
@@ -147,7 +158,13 @@ def _sample_error(err: Exception) -> LoaderCheckError | None:
     return LoaderCheckError(f"loading sample {index} raised {kind}{where}: {message}", index, kind, message)
 
 
-def _verdict(wait_share: float, num_workers: int) -> tuple[str, str]:
+NO_COMPUTE_STEP = ("no compute step was given, so waiting for data cannot be weighed against computing: pass "
+                   "compute=<your training step> (or simulated_step(seconds)) for a verdict")
+
+
+def _verdict(wait_share: float, num_workers: int, has_compute: bool = True) -> tuple[str, str]:
+    if not has_compute:   # the loader alone always waits 100% of the time: that says nothing about the bottleneck
+        return "unknown", NO_COMPUTE_STEP
     cores = usable_cpus()
     if wait_share < INPUT_BOUND_WAIT_SHARE:
         return "compute-bound", ("the loader keeps up; speed up the step itself (batch size, mixed precision, "
@@ -162,9 +179,31 @@ def _verdict(wait_share: float, num_workers: int) -> tuple[str, str]:
                            "collation, cache decoded data, smaller files)")
 
 
+def _with_workers(loader: DataLoader, num_workers: int) -> DataLoader:
+    """The same DataLoader (dataset, sampler, collate, ...) with another num_workers."""
+    settings = dict(collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+                    generator=loader.generator)
+    if num_workers > 0:
+        settings.update(timeout=loader.timeout, multiprocessing_context=loader.multiprocessing_context,
+                        persistent_workers=loader.persistent_workers)
+        if loader.num_workers > 0:
+            settings["prefetch_factor"] = loader.prefetch_factor
+    if isinstance(loader.dataset, IterableDataset):
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                          num_workers=num_workers, **settings)
+    if loader.batch_sampler is not None:
+        return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, num_workers=num_workers, **settings)
+    return DataLoader(loader.dataset, batch_size=None, sampler=loader.sampler, num_workers=num_workers, **settings)
+
+
 def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, *, warmup_batches: int = 2,
-                 max_batches: int = 50) -> LoaderReport:
-    """Iterate a loader, time waiting for each batch vs `compute(batch)`, and say which one limits throughput."""
+                 max_batches: int = 50, workers: Iterable[int] | None = None) -> LoaderReport:
+    """Iterate a loader, time waiting for each batch vs `compute(batch)`, and say which one limits throughput.
+
+    Without `compute` the verdict is "unknown": the loader alone is measured, and nothing is claimed about
+    whether training would wait for it. `workers=(0, 1, 2)` (a DataLoader only) also measures the loader alone
+    at each of those num_workers, one after the other, for the report's `samples_per_s_by_workers`.
+    """
     if isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
         raise TypeError(f"loader must be an iterable of batches such as a torch DataLoader, "
                         f"got {type(loader).__name__}")
@@ -174,6 +213,15 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
         raise ValueError(f"warmup_batches must be an int >= 0, got {warmup_batches!r}")
     if not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
+    worker_counts = None if workers is None else list(workers)
+    if worker_counts is not None:
+        if not worker_counts or any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in worker_counts):
+            raise ValueError(f"workers must be ints >= 0, such as (0, 1, 2), got {worker_counts!r}")
+        if not isinstance(loader, DataLoader):
+            raise TypeError(f"workers= needs a torch DataLoader to rebuild, got {type(loader).__name__}")
+    by_workers = tuple((w, check_loader(_with_workers(loader, w), warmup_batches=warmup_batches,
+                                        max_batches=max_batches).samples_per_s)
+                       for w in worker_counts) if worker_counts else ()
     dataset = getattr(loader, "dataset", None)
     if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
         raise ValueError("loader: its dataset is empty (len 0), so there is nothing to measure")
@@ -215,8 +263,9 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
         raise ValueError(f"loader: only {seen} batches, all used for warm-up; lower warmup_batches "
                          f"(now {warmup_batches}) or give it more data")
     total = wait_s + compute_s
-    verdict, next_step = _verdict(wait_s / total if total > 0 else 0.0, num_workers)
-    return LoaderReport(batches, samples, wait_s, compute_s, first_batch_s, num_workers, verdict, next_step)
+    verdict, next_step = _verdict(wait_s / total if total > 0 else 0.0, num_workers, compute is not None)
+    return LoaderReport(batches, samples, wait_s, compute_s, first_batch_s, num_workers, verdict, next_step,
+                        by_workers)
 
 
 def throughput_by_workers(dataset: Dataset, worker_counts: Iterable[int] = (0, 1, 2), *, batch_size: int = 32,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 
 # ---------------------------------------------------------------- CPU cost and CPU limits
@@ -169,9 +169,12 @@ class ChunkedValues(Dataset):
 
 
 class CountingDataset(Dataset):
-    """Counts every __getitem__ call, across worker processes, in a shared integer."""
+    """Counts every __getitem__ call, across worker processes, in a shared integer.
 
-    def __init__(self, n: int, context: str = "fork") -> None:
+    `context` is the start method of the shared integer's lock: None is the platform's default, as for DataLoader.
+    """
+
+    def __init__(self, n: int, context: str | None = None) -> None:
         self.n = n
         self.loaded = multiprocessing.get_context(context).Value("i", 0)
 
@@ -182,6 +185,63 @@ class CountingDataset(Dataset):
         with self.loaded.get_lock():
             self.loaded.value += 1
         return torch.tensor(index)
+
+
+# ---------------------------------------------------------------- streams (IterableDataset) and worker seeds
+class NumberStream(IterableDataset):
+    """A stream of the numbers 0 .. n-1, like lines read from a file; every iterator starts the stream anew.
+
+    With num_workers=k the DataLoader runs k copies of __iter__, one per worker: each yields the whole stream.
+    """
+
+    def __init__(self, n: int) -> None:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        self.n = n
+
+    def _indices(self) -> range:
+        return range(self.n)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in self._indices():
+            yield torch.tensor(i)
+
+
+class ShardedNumberStream(NumberStream):
+    """The same stream, sharded: worker w of k yields items w, w + k, w + 2k, ... (all of them without workers)."""
+
+    def _indices(self) -> range:
+        info = get_worker_info()                           # None in the main process
+        if info is None:
+            return range(self.n)
+        return range(info.id, self.n, info.num_workers)    # each worker its own share, together the whole stream
+
+
+class WorkerSeeds(Dataset):
+    """Sample i is (i, worker id, torch.initial_seed() in that worker): what seed each worker's torch RNG got."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int, int]:
+        info = get_worker_info()
+        return index, (-1 if info is None else info.id), torch.initial_seed()
+
+
+def seed_numpy_from_torch(worker_id: int) -> None:
+    """worker_init_fn: seed numpy's global RNG and Python's random from the worker's torch seed.
+
+    torch.initial_seed() in a worker is the DataLoader's base seed + worker id, and the base seed is drawn from
+    the DataLoader's `generator`: one seeded generator makes every worker's randomness repeatable.
+    """
+    import random
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
 
 
 # ---------------------------------------------------------------- memory of worker processes

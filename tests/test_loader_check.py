@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from ptlab.loader_check import LoaderCheckError, LoaderReport, check_loader, simulated_step
-from ptlab.loading import CostlySamples
+from ptlab.loading import CostlySamples, SampleRaisesAt
 
 
 class FailsAt(Dataset):
@@ -27,13 +27,40 @@ class Numbers(IterableDataset):
         return iter(torch.arange(20))
 
 
-def test_slow_samples_without_compute_are_input_bound():
+def test_slow_samples_with_a_quick_step_are_input_bound():
     loader = DataLoader(CostlySamples(TensorDataset(torch.zeros(200, 3)), work=500), batch_size=10)
-    report = check_loader(loader, warmup_batches=2, max_batches=5)
+    report = check_loader(loader, compute=lambda batch: None, warmup_batches=2, max_batches=5)  # a free step
     assert isinstance(report, LoaderReport)
     assert report.batches == 5 and report.samples == 50
     assert report.verdict == "input-bound" and report.input_bound and "num_workers" in report.next_step
     assert report.wait_share > 0.9 and report.samples_per_s == pytest.approx(10 * report.batches_per_s)
+
+
+def test_without_a_compute_step_there_is_no_verdict():
+    # An in-memory TensorDataset, where workers only add overhead: without a step to compare with, the
+    # loader alone always "waits" 100% of the time, which is no evidence for advising workers.
+    loader = DataLoader(TensorDataset(torch.zeros(400, 3)), batch_size=10)
+    report = check_loader(loader, max_batches=10)
+    assert report.verdict == "unknown" and not report.input_bound
+    assert "num_workers" not in report.next_step and "compute=" in report.next_step
+    assert report.batches == 10 and report.samples_per_s > 0 and report.samples_per_s_by_workers == {}
+    assert "verdict          unknown" in str(report)
+
+
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_without_a_compute_step_it_measures_the_loader_at_each_worker_count_asked(context):
+    from ptlab.loading import SquaresDataset
+
+    # the rebuilt loaders keep the given start method where they have workers (spawn imports SquaresDataset)
+    loader = DataLoader(SquaresDataset(64), batch_size=8, num_workers=1, multiprocessing_context=context)
+    report = check_loader(loader, warmup_batches=1, max_batches=4, workers=(0, 1))
+    rates = report.samples_per_s_by_workers
+    assert set(rates) == {0, 1} and all(r > 0 for r in rates.values()) and report.verdict == "unknown"
+    assert "loader alone, num_workers=0" in str(report) and "loader alone, num_workers=1" in str(report)
+    with pytest.raises(ValueError, match="workers must be ints"):
+        check_loader(loader, workers=(-1,))
+    with pytest.raises(TypeError, match="DataLoader"):
+        check_loader([torch.zeros(2)], workers=(0,))
 
 
 def test_fast_samples_with_a_slow_step_are_compute_bound():
@@ -49,16 +76,18 @@ def test_input_bound_with_workers_on_every_core_suggests_cheaper_samples(monkeyp
 
     monkeypatch.setattr(lc, "usable_cpus", lambda: 1)
     loader = DataLoader(CostlySamples(TensorDataset(torch.zeros(40, 3)), work=500), batch_size=4, num_workers=1)
-    assert "cheaper" in check_loader(loader, max_batches=4).next_step
+    assert "cheaper" in check_loader(loader, compute=simulated_step(0), max_batches=4).next_step
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_failing_sample_is_named_with_its_original_error(num_workers):
-    loader = DataLoader(FailsAt(), batch_size=4, num_workers=num_workers, shuffle=True)
+@pytest.mark.parametrize("num_workers, context", [(0, None), (2, None), (2, "spawn")])
+def test_a_failing_sample_is_named_with_its_original_error(num_workers, context):
+    dataset = FailsAt() if context is None else SampleRaisesAt(40, bad_index=13)   # spawn imports it from a module
+    loader = DataLoader(dataset, batch_size=4, num_workers=num_workers, shuffle=True, multiprocessing_context=context)
     with pytest.raises(LoaderCheckError) as caught:
         check_loader(loader, warmup_batches=0, max_batches=20)
     err = caught.value
-    assert err.index == 13 and err.original_type == "ValueError" and err.original_message == "pixel data is broken"
+    message = "pixel data is broken" if context is None else "cannot parse the label file"
+    assert err.index == 13 and err.original_type == "ValueError" and err.original_message == message
     assert "sample 13" in str(err) and ("worker" in str(err)) == (num_workers > 0)
 
 
@@ -117,12 +146,11 @@ def test_report_prints_every_machine_dependent_figure_as_measured():
     assert not any(ch.isdigit() for line in figures[:4] for ch in line), figures[:4]
 
 
-def test_dataloader_reraises_the_original_error_and_check_loader_adds_the_index():
-    from ptlab.loading import SampleRaisesAt
-
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_dataloader_reraises_the_original_error_and_check_loader_adds_the_index(context):
     def loader():
         return DataLoader(SampleRaisesAt(24, bad_index=17), batch_size=4, num_workers=2, shuffle=True,
-                          generator=torch.Generator().manual_seed(0))
+                          generator=torch.Generator().manual_seed(0), multiprocessing_context=context)
 
     with pytest.raises(ValueError) as plain:
         list(loader())

@@ -53,10 +53,11 @@ def test_normalize_batch_matches_per_sample_arithmetic():
         loading.normalize_batch(images.float(), (0.5,) * 3, (0.25,) * 3)
 
 
-def test_numpy_rng_repeats_in_workers_unless_reseeded():
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_numpy_rng_repeats_in_workers_unless_reseeded(context):
     def draws(init_fn):
         loader = DataLoader(loading.AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=init_fn,
-                            multiprocessing_context="fork")
+                            multiprocessing_context=context)
         return [v for _ in range(2) for batch in loader for v in batch.tolist()]
 
     assert len(set(draws(None))) == 4
@@ -76,9 +77,10 @@ def test_chunked_values_list_and_array_agree():
         loading.ChunkedValues(values[:10])
 
 
-def test_counting_dataset_counts_across_workers():
-    dataset = loading.CountingDataset(12)
-    list(DataLoader(dataset, batch_size=3, num_workers=2, multiprocessing_context="fork"))
+@pytest.mark.parametrize("context", [None, "spawn"])
+def test_counting_dataset_counts_across_workers(context):
+    dataset = loading.CountingDataset(12, context=context)
+    list(DataLoader(dataset, batch_size=3, num_workers=2, multiprocessing_context=context))
     assert dataset.loaded.value == 12
 
 

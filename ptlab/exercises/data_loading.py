@@ -36,6 +36,23 @@ def _is_empty(fn: Callable) -> bool:
     return getattr(fn, "__code__", None) is not None and fn.__code__.co_code == (lambda worker_id: None).__code__.co_code
 
 
+def _start_method_for(fn: Callable) -> str | None:
+    """The platform's default start method, except for a function defined in a notebook (module __main__).
+
+    spawn and forkserver workers import a worker_init_fn by module and name, which a notebook's __main__ cannot
+    provide; fork copies it with the process. So a notebook's function runs under fork where the OS has it
+    (Linux, macOS); on Windows, which has no fork, the learner is told to move it into a module.
+    """
+    import multiprocessing
+
+    if getattr(fn, "__module__", None) != "__main__":
+        return None
+    if "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    raise Wrong("this system has no fork start method, so workers cannot import a function defined in the "
+                "notebook: put reseed_in_worker in a .py file next to the notebook, import it, and check that.")
+
+
 @exercise(
     id="ch3-worker-seeding", chapter=3,
     task="write a worker_init_fn that reseeds the dataset's numpy Generator (dataset.rng) so 2 workers over "
@@ -54,7 +71,8 @@ def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
     if _is_empty(init_fn):
         raise NotAttempted
     loader = DataLoader(AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=init_fn,
-                        multiprocessing_context="fork", generator=torch.Generator().manual_seed(0))
+                        multiprocessing_context=_start_method_for(init_fn),
+                        generator=torch.Generator().manual_seed(0))
     try:
         draws = [v for _ in range(2) for batch in loader for v in batch.tolist()]
     except Exception as err:

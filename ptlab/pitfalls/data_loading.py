@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from ..claims import Check
 from ..loading import (AugmentWithNumpyRng, ChunkedValues, DummyOnUnreadable, NoneOnUnreadable, corrupt_files,
                        image_folder_skipping_unreadable, private_mib, relabel_image_folder, seed_worker_numpy_rng,
-                       skip_none_collate, child_pids)
+                       skip_none_collate, child_pids, NumberStream, ShardedNumberStream)
 from .registry import Outcome, pitfall
 
 _SPAWN_TIMEOUT_S = 120
@@ -197,8 +197,8 @@ def numpy_rng_in_init(buggy: bool) -> Outcome:
     init_fn = None                                                           # BUG: workers copy one Generator state
     if not buggy:
         init_fn = seed_worker_numpy_rng                                      # FIX: reseed from get_worker_info().seed
-    loader = DataLoader(dataset, batch_size=2, num_workers=2, worker_init_fn=init_fn,
-                        multiprocessing_context="fork", generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, worker_init_fn=init_fn,  # any start method
+                        generator=torch.Generator().manual_seed(0))
     epochs = [[v for batch in loader for v in batch.tolist()] for _ in range(2)]  # 2 epochs x 8 draws
     draws = epochs[0] + epochs[1]
     return Outcome(
@@ -325,4 +325,32 @@ def shuffle_off_for_training(buggy: bool) -> Outcome:
         series={"training loss": losses}, x_label="batch",
         checks=[Check("distinct labels per batch", sum(per_batch) / len(per_batch), "< 2"),
                 Check("accuracy after 1 epoch", accuracy, "< 0.5")],
+    )
+
+
+@pitfall(
+    id="iterable-dataset-duplicates", chapter=3,
+    title="An IterableDataset with workers yields its whole stream once per worker",
+    symptom="with num_workers=2, a stream of 40 samples gives 80 samples in one epoch: every sample twice, "
+            "and nothing raises",
+    why="""A map-style Dataset is split among workers by the sampler: each index goes to one worker. An
+    IterableDataset has no indices; the DataLoader gives every worker its own copy and calls __iter__ in each,
+    so each worker reads the stream from the start. An epoch is then num_workers times longer, and every
+    sample is trained on num_workers times.""",
+    catch="""Shard in __iter__ with torch.utils.data.get_worker_info(): worker info.id of info.num_workers takes
+    its own share (every num_workers-th item, or its own files). Count the samples of one epoch with
+    num_workers=2 and compare them with the stream's length.""",
+)
+def iterable_dataset_duplicates(buggy: bool) -> Outcome:
+    stream = NumberStream(40)                                                # BUG: every worker yields 0 .. 39
+    if not buggy:
+        stream = ShardedNumberStream(40)                                     # FIX: worker w takes w, w + 2, ...
+    loader = DataLoader(stream, batch_size=5, num_workers=2)                 # the platform's start method
+    seen = [v for batch in loader for v in batch.tolist()]
+    duplicated = len(seen) - len(set(seen))
+    return Outcome(
+        figures={"stream length": stream.n, "samples in one epoch": len(seen), "distinct samples": len(set(seen)),
+                 "duplicated samples": duplicated},
+        checks=[Check("samples in one epoch (the stream holds 40)", len(seen), "> 40"),
+                Check("duplicated samples", duplicated, ">= 20")],
     )
