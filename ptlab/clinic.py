@@ -171,7 +171,12 @@ CLINIC: tuple[ClinicRow, ...] = (
               "a learning rate far too high; a NaN or inf in the data; log, sqrt or division at 0 in your own code",
               "first_nonfinite(model, X) on the failing batch; torch.isfinite(X).all(); lower the lr 10x; "
               "torch.autograd.set_detect_anomaly(True) names the backward op",
-              ("nan-from-a-poisoned-sample", "exploding-gradients-nan", "learning-rate-too-high")),
+              ("nan-from-a-poisoned-sample", "exploding-gradients-nan")),
+    ClinicRow("loss shoots up by orders of magnitude and stays there",
+              "a learning rate far too high (with BatchNorm the loss often stays finite: a dead model that "
+              "keeps printing numbers); weight decay times lr above 1 flips the weights' sign every step",
+              "lower the lr 10x; lr_range_test; log the loss every few steps, not once per epoch",
+              ("learning-rate-too-high",)),
     ClinicRow("loss does not go down",
               "no zero_grad; a graph cut by detach or .item(); layers never registered or frozen; "
               "labels that do not belong to their images; softmax before CrossEntropyLoss; an lr far off",

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
+from .claims import measured
 from .train import _check_loader, _check_model, _eval_mode, _resolve_device, _unpack
 
 
@@ -120,6 +121,7 @@ class OverfitReport:
     losses: list[float]
     target_loss: float
     causes: dict[str, str] = field(default_factory=dict)
+    steps: int | None = None  # the step budget it was given
 
     @property
     def passed(self) -> bool:
@@ -128,7 +130,10 @@ class OverfitReport:
 
     def __str__(self) -> str:
         first, last = (self.losses[0], self.losses[-1]) if self.losses else (float("nan"), float("nan"))
-        head = (f"overfit one batch: loss {first:.4g} -> {last:.4g} in {len(self.losses)} steps "
+        # Losses are measured figures; so is the step count when the run stopped early (it depends on them).
+        n = len(self.losses)
+        count = str(n) if n == self.steps else measured(float(n))
+        head = (f"overfit one batch: loss {measured(first)} -> {measured(last)} in {count} steps "
                 f"({'reached' if self.passed else 'did not reach'} {self.target_loss:g})")
         if self.passed:
             return head
@@ -168,14 +173,14 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
                                                 f"labels: no model can fit that (inputs overwritten or broadcast?)")
     finite = [v for v in losses if math.isfinite(v)]
     if len(finite) < len(losses):
-        causes["learning rate too high"] = f"the loss became non-finite at step {len(finite) + 1} (lr={lr:g})"
+        causes["learning rate too high"] = f"the loss became non-finite at step {measured(float(len(finite) + 1))} (lr={lr:g})"
     elif finite and finite[-1] > finite[0]:
-        causes["learning rate too high"] = f"the loss rose from {finite[0]:.4g} to {finite[-1]:.4g} (lr={lr:g})"
+        causes["learning rate too high"] = f"the loss rose from {measured(finite[0])} to {measured(finite[-1])} (lr={lr:g})"
     elif finite and min(finite) < 0.5 * finite[-1]:
-        causes["learning rate too high"] = (f"the loss went down to {min(finite):.4g}, then back up to "
-                                            f"{finite[-1]:.4g} (lr={lr:g})")
+        causes["learning rate too high"] = (f"the loss went down to {measured(min(finite))}, then back up to "
+                                            f"{measured(finite[-1])} (lr={lr:g})")
     elif finite and not (no_grad or frozen or conflicts) and finite[-1] > 0.5 * finite[0]:
-        causes["learning rate too low"] = f"the loss only fell from {finite[0]:.4g} to {finite[-1]:.4g} (lr={lr:g})"
+        causes["learning rate too low"] = f"the loss only fell from {measured(finite[0])} to {measured(finite[-1])} (lr={lr:g})"
     if not causes:
         causes["too few steps or too small a model"] = "the loss falls steadily: raise steps, or check capacity"
     return causes
@@ -199,7 +204,7 @@ def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
     copy_ = copy.deepcopy(model).train()
     params = [p for p in copy_.parameters() if p.requires_grad]
     losses: list[float] = []
-    report = OverfitReport(losses, target_loss)
+    report = OverfitReport(losses, target_loss, steps=steps)
     if params:
         optimizer = torch.optim.Adam(params, lr=lr)
         for _ in range(steps):

@@ -130,25 +130,26 @@ def test_plot_returns_a_figure_and_leaves_nothing_open() -> None:
     assert plt.get_fignums() == open_before
 
 
-def calibrated_run(epochs: int = 7, augment: bool = True, seed: int = 0) -> History:
-    """The chapter 4 recipe: SmallCNN, AdamW + OneCycleLR, batch 64, crop + flip augmentation."""
+def calibrated_run(epochs: int = 5, augment: bool = True, seed: int = 0) -> History:
+    """The chapter 4 recipe: SmallCNN at width 24, AdamW + OneCycleLR (peak 6e-3), batch 32, crop + flip."""
     from ptlab.data import EmbeddedImages, make_transform
 
     torch.manual_seed(seed)
     train_set = EmbeddedImages(train=True, transform=make_transform(augment=augment))
     test_set = EmbeddedImages(train=False, transform=make_transform(augment=False))
-    train_loader = DataLoader(train_set, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(seed))
+    train_loader = DataLoader(train_set, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
     test_loader = DataLoader(test_set, batch_size=500)
-    model = SmallCNN()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3, weight_decay=5e-4)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=4e-3, total_steps=epochs * len(train_loader))
+    torch.manual_seed(seed)
+    model = SmallCNN(width=24)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=6e-3, total_steps=epochs * len(train_loader))
     return fit(model, train_loader, test_loader, optimizer, epochs=epochs, scheduler=scheduler,
                scheduler_step="batch", progress=False)
 
 
 @pytest.mark.slow
 def test_small_cnn_difficulty_contract() -> None:
-    """The embedded dataset is neither trivial nor hopeless: 80-95% test accuracy in about a minute."""
+    """The embedded dataset is neither trivial nor hopeless: 80-95% test accuracy with the chapter 4 recipe."""
     history = calibrated_run()
     for i in range(len(history)):
         print(f"epoch {history.epoch[i]}: train acc {history.train_acc[i]:.3f} test acc {history.test_acc[i]:.3f} "

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from ..claims import measured
 from . import NotAttempted, Wrong, calls_stub, exercise
 
 
@@ -73,7 +74,8 @@ def check_fix_training_loop(train_steps) -> None:
             raise Wrong("the weights moved as if the loss saw probabilities: cross_entropy wants raw logits.")
         raise Wrong("after your loop the weights differ from a correct loop's.")
     if abs(result - expected) > 1e-5:
-        raise Wrong(f"the weights are right, but you return {result:.4f}; the mean training loss was {expected:.4f}.")
+        raise Wrong(f"the weights are right, but you return {measured(result)}; the mean training loss was "
+                    f"{measured(expected)}.")
 
 
 def _variant(model, optimizer, batches, zero_grad: bool = True, softmax: bool = False) -> float:
@@ -121,8 +123,8 @@ def check_evaluate_without_side_effects(measure_accuracy) -> None:
         correct = sum(int((probe(X).argmax(1) == y).sum()) for X, y in batches)
     expected = correct / sum(len(y) for _, y in batches)
     if abs(result - expected) > 1e-9:
-        raise Wrong(f"you return {result:.4f}; the accuracy over all {sum(len(y) for _, y in batches)} examples "
-                    f"is {expected:.4f} (average over examples, not batches).")
+        raise Wrong(f"you return {measured(result)}; the accuracy over all {sum(len(y) for _, y in batches)} examples "
+                    f"is {measured(expected)} (average over examples, not batches).")
 
 
 class _GatedCNN(nn.Module):
