@@ -54,7 +54,7 @@ def _curves(history: Any) -> dict[str, list[float]]:
         return {}
     curves = history.as_dict() if hasattr(history, "as_dict") else dict(history)
     curves.pop("seconds", None)  # wall time differs on every machine; the log compares runs, not machines
-    return {k: _plain(list(v), f"history.{k}") for k, v in curves.items()}
+    return {k: _plain(list(v), f"history.{k}") for k, v in curves.items() if isinstance(v, (list, tuple))}
 
 
 def log_run(config: dict[str, Any], metrics: dict[str, float], *, history: Any = None,

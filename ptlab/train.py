@@ -5,11 +5,14 @@ import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+
+from .checkpoint import load_checkpoint, save_checkpoint
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -24,6 +27,8 @@ class History:
     test_loss: list[float] = field(default_factory=list)
     test_acc: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    best_epoch: int | None = None     # the epoch whose `monitor` value was best (fit sets it)
+    stopped_early: bool = False       # fit stopped before `epochs` because of early_stopping
 
     def __len__(self) -> int:
         return len(self.epoch)
@@ -204,6 +209,10 @@ def fit(
     progress: bool = True,
     plot: bool = False,
     history: History | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    monitor: str = "test_acc",
+    early_stopping: int | None = None,
 ) -> History:
     """Train for `epochs` (and/or until `time_budget_s` would be passed), evaluating after each epoch.
 
@@ -211,6 +220,13 @@ def fit(
     inside the budget (the first epoch of a call always runs). `scheduler.step()` is called once per
     epoch, or after every batch with scheduler_step="batch" (OneCycleLR). Pass the History of an
     earlier call as `history` to continue it: epochs are numbered on and appended to it.
+
+    Chapter 5's additions: with `checkpoint_dir`, every epoch ends with `last.pt` (model, optimizer,
+    scheduler, epoch, history, every RNG and the train loader's generator, written atomically) and,
+    when `monitor` (a History field such as "test_acc" or "test_loss") is the best so far, `best.pt`.
+    With `resume=True` a run picks up from `last.pt`, in this process or a new one, and `epochs`
+    counts the epochs of the whole run: a run of 4 interrupted after 2 trains 2 more, bit for bit as
+    if never interrupted on the same machine. `early_stopping=k` stops after k epochs without a new best.
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
@@ -226,10 +242,27 @@ def fit(
         raise ValueError(f'scheduler_step must be "epoch" or "batch", got {scheduler_step!r}')
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a History returned by an earlier fit(), got {type(history).__name__}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir: the folder that holds last.pt")
+    if resume and epochs is None:
+        raise ValueError("resume=True needs epochs: the length of the whole run")
+    if monitor not in History.__dataclass_fields__ or monitor in ("epoch", "seconds"):
+        raise ValueError(f"monitor must be a History curve such as 'test_acc' or 'test_loss', got {monitor!r}")
+    if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
+        raise ValueError(f"early_stopping must be a positive int (epochs without improvement) or None, "
+                         f"got {early_stopping!r}")
     device = _resolve_device(model, device)
     history = history if history is not None else History()
+    generators = _loader_generators(train_loader)
+    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if resume and (folder / "last.pt").is_file():
+        state = load_checkpoint(folder / "last.pt", model, optimizer, scheduler, generators=generators)
+        history = History(**state.extra["history"])
     first_epoch = history.epoch[-1] + 1 if history.epoch else 1
     max_epochs = epochs if epochs is not None else 10**9
+    if resume:
+        max_epochs = epochs - len(history.epoch)
+    better = (lambda new, old: new < old) if monitor.endswith("loss") else (lambda new, old: new > old)
     bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
     start = time.perf_counter()
     for epoch in range(first_epoch, first_epoch + max_epochs):
@@ -251,10 +284,32 @@ def fit(
         history.seconds.append(time.perf_counter() - epoch_start)
         bar.update(1)
         bar.set_postfix(train_acc=f"{train['acc']:.3f}", test_acc=f"{test['acc']:.3f}", loss=f"{train['loss']:.3f}")
+        curve = getattr(history, monitor)
+        best_before = [v for v in curve[:-1]]
+        is_best = not best_before or better(curve[-1], min(best_before) if monitor.endswith("loss") else max(best_before))
+        if is_best:
+            history.best_epoch = epoch
+        if folder is not None:
+            extra = {"history": history.as_dict()}
+            save_checkpoint(folder / "last.pt", model, optimizer, scheduler, epoch=epoch,
+                            generators=generators, extra=extra)
+            if is_best:
+                save_checkpoint(folder / "best.pt", model, optimizer, scheduler, epoch=epoch,
+                                generators=generators, extra=extra)
+        if early_stopping is not None and history.best_epoch is not None \
+                and epoch - history.best_epoch >= early_stopping:
+            history.stopped_early = True
+            break
     bar.close()
     if plot:
         _show(history.plot())
     return history
+
+
+def _loader_generators(loader: Any) -> dict[str, torch.Generator]:
+    """The generator a DataLoader shuffles with, if it was given one, to checkpoint with the run."""
+    generator = getattr(loader, "generator", None)
+    return {"train_loader": generator} if isinstance(generator, torch.Generator) else {}
 
 
 def _show(fig) -> None:

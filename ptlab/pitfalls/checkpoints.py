@@ -6,6 +6,7 @@ MLP are shared with the debugging pitfalls (debugging.py).
 """
 from __future__ import annotations
 
+import functools
 import io
 import tempfile
 from pathlib import Path
@@ -35,7 +36,9 @@ def _accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
         return (model(X).argmax(1) == y).float().mean().item()
 
 
-def _trained_mlp(steps: int = 150) -> nn.Sequential:
+@functools.lru_cache(maxsize=1)
+def _trained_state(steps: int = 100) -> dict[str, torch.Tensor]:
+    """The weights of the MLP trained on the blobs, once per process (callers get copies)."""
     torch.manual_seed(0)
     model, (X, y) = _mlp(), _blobs()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -44,6 +47,13 @@ def _trained_mlp(steps: int = 150) -> nn.Sequential:
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _trained_mlp() -> nn.Sequential:
+    """A fresh copy of the trained MLP."""
+    model = _mlp()
+    model.load_state_dict(_trained_state())
     return model
 
 

@@ -69,7 +69,7 @@ def overfitting_without_regularisation(buggy: bool) -> Outcome:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3))
     if buggy:
-        opt, steps = torch.optim.Adam(model.parameters(), lr=1e-2), 600        # BUG: no regularisation, long
+        opt, steps = torch.optim.Adam(model.parameters(), lr=1e-2), 300        # BUG: no regularisation, long
     else:
         opt, steps = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.5), 60  # FIX: decay, stop early
     for _ in range(steps):
