@@ -89,10 +89,11 @@ lock:
 # The learners' copy: everything but the solutions and the tests that hold or need the answers, in one
 # top-level folder. Made from the committed HEAD, so commit first.
 HANDOUT ?= ptlab-handout
+HANDOUT_ZIP ?= $(HANDOUT).zip
 handout:
-	git archive --format=zip --prefix=$(HANDOUT)/ -o $(HANDOUT).zip HEAD -- . \
+	git archive --format=zip --prefix=$(HANDOUT)/ -o $(HANDOUT_ZIP) HEAD -- . \
 		':(exclude)notebooks/solutions' ':(exclude)tests/test_exercises.py'
-	@echo "wrote $(HANDOUT).zip: unzip, cd $(HANDOUT), make lab. Publish notebooks/solutions/ after the session."
+	@echo "wrote $(HANDOUT_ZIP): unzip, cd $(HANDOUT), make lab. Publish notebooks/solutions/ after the session."
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts
