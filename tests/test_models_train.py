@@ -43,7 +43,10 @@ def test_fit_learns_a_separable_problem() -> None:
     assert history.test_acc[-1] >= 0.95 and history.test_acc[-1] > before
     assert history.train_loss[-1] < history.train_loss[0]
     assert all(s > 0 for s in history.seconds) and history.total_seconds > 0
-    assert set(history.as_dict()) == {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "seconds"}
+    assert set(history.as_dict()) == {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "seconds",
+                                      "best_epoch", "stopped_early"}
+    assert history.best_epoch == history.epoch[history.test_acc.index(max(history.test_acc))]
+    assert not history.stopped_early
 
 
 def test_fit_with_time_budget_and_batch_scheduler() -> None:
