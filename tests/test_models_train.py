@@ -55,7 +55,9 @@ def test_fit_with_time_budget_and_batch_scheduler() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
     history = fit(model, train, test, opt, time_budget_s=0.2, progress=False, scheduler=sched, scheduler_step="batch")
-    assert len(history) >= 1 and history.total_seconds < 1.0
+    # Every epoch but the last started inside the budget; the last may run over it (a stall of the
+    # machine, a garbage collection) but no epoch starts after the budget is spent.
+    assert len(history) >= 1 and sum(history.seconds[:-1]) <= 0.2
     assert sched.last_epoch == len(history) * len(train)
     history = fit(model, train, test, opt, epochs=2, time_budget_s=60, progress=False)
     assert len(history) == 2  # whichever limit comes first
