@@ -223,6 +223,11 @@ def bench(paths: list[Path], markdown: bool = False) -> int:
     return 1 if problems else 0
 
 
+def run_verdict(run: NotebookRun) -> str:
+    """'pass', 'FAIL' (a cell raised) or 'over budget'."""
+    return "FAIL" if run.error else "over budget" if budget_problems(run) else "pass"
+
+
 def bench_table(runs: list[NotebookRun]) -> str:
     """The bench results as a fixed-width table, with the machine it ran on."""
     import torch
@@ -232,9 +237,8 @@ def bench_table(runs: list[NotebookRun]) -> str:
              f"CPU capability {torch.backends.cpu.get_cpu_capability()}",
              f"{'notebook':<{width}}  wall s  slowest cell s  peak RSS MiB  checked  result"]
     for r in runs:
-        verdict = "pass" if not r.error and not budget_problems(r) else "FAIL" if r.error else "over budget"
         lines.append(f"{str(r.path):<{width}}  {r.wall_s:6.1f}  {r.slowest_cell_s:8.1f} (#{r.slowest_cell:<2})"
-                     f"  {r.peak_rss_mib:12.0f}  {r.checked:6.0%}  {verdict}")
+                     f"  {r.peak_rss_mib:12.0f}  {r.checked:6.0%}  {run_verdict(r)}")
     lines.append(f"{'total':<{width}}  {sum(r.wall_s for r in runs):6.1f}")
     return "\n".join(lines)
 
@@ -250,8 +254,7 @@ def bench_markdown(runs: list[NotebookRun]) -> str:
             "| Notebook | wall s | slowest cell s | peak memory MiB | compared cells | result |",
             "|---|---|---|---|---|---|"]
     for r in runs:
-        verdict = "pass" if not r.error and not budget_problems(r) else "FAIL" if r.error else "over budget"
         rows.append(f"| {r.path.as_posix()} | {r.wall_s:.1f} | {r.slowest_cell_s:.1f} | {r.peak_rss_mib:.0f} "
-                    f"| {r.checked:.0%} | {verdict} |")
+                    f"| {r.checked:.0%} | {run_verdict(r)} |")
     rows.append(f"| **all** | **{sum(r.wall_s for r in runs):.1f}** | | | | |")
     return "\n".join(rows)
