@@ -12,7 +12,7 @@ import hashlib
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -358,3 +358,27 @@ def export_image_folder(dest: str | Path, train: bool = True, per_class: int | N
         for index in indices:
             Image.fromarray(images[index]).save(folder / f"{index:05d}.png")
     return dest
+
+
+def train_val_split(labels: Sequence[int] | np.ndarray | torch.Tensor, val_fraction: float = 0.1,
+                    seed: int = 0) -> tuple[list[int], list[int]]:
+    """Seeded, stratified indices (train, validation): each class gives the same share to validation.
+
+    Use with torch.utils.data.Subset. The test split stays untouched until one final evaluation.
+    """
+    if not (isinstance(val_fraction, (int, float)) and 0 < val_fraction < 1):
+        raise ValueError(f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}")
+    labels = np.asarray(labels.tolist() if isinstance(labels, torch.Tensor) else labels)
+    if labels.ndim != 1 or len(labels) == 0:
+        raise ValueError(f"labels must be a non-empty 1-D sequence of class ids, got shape {labels.shape}")
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        n_val = int(round(len(members) * val_fraction))
+        if n_val == 0 or n_val == len(members):
+            raise ValueError(f"class {cls} has {len(members)} samples: too few to give {val_fraction} of them "
+                             f"to validation and keep some for training")
+        val += members[:n_val].tolist()
+        train += members[n_val:].tolist()
+    return sorted(train), sorted(val)

@@ -24,8 +24,8 @@ class History:
     epoch: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
     train_acc: list[float] = field(default_factory=list)
-    test_loss: list[float] = field(default_factory=list)
-    test_acc: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    val_acc: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     best_epoch: int | None = None     # the epoch whose `monitor` value was best (fit sets it)
     stopped_early: bool = False       # fit stopped before `epochs` because of early_stopping
@@ -43,14 +43,14 @@ class History:
         return asdict(self)
 
     def plot(self, title: str | None = None):
-        """Loss and accuracy curves, train and test, as a matplotlib Figure (closed in pyplot: shown once)."""
-        import matplotlib.pyplot as plt
+        """Loss and accuracy curves, train and validation, as a bare matplotlib Figure (never held by pyplot)."""
+        from matplotlib.figure import Figure
 
-        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
-        plt.close(fig)  # nothing stays open; a notebook still renders the returned Figure
+        fig = Figure(figsize=(9, 3.4), layout="constrained")
+        ax_loss, ax_acc = fig.subplots(1, 2)
         for ax, key, label in ((ax_loss, "loss", "loss"), (ax_acc, "acc", "accuracy")):
             ax.plot(self.epoch, getattr(self, f"train_{key}"), marker="o", label="train")
-            ax.plot(self.epoch, getattr(self, f"test_{key}"), marker="o", label="test")
+            ax.plot(self.epoch, getattr(self, f"val_{key}"), marker="o", label="validation")
             ax.set_xlabel("epoch")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
@@ -196,7 +196,7 @@ def evaluate(
 def fit(
     model: nn.Module,
     train_loader: Iterable,
-    test_loader: Iterable,
+    val_loader: Iterable,
     optimizer: torch.optim.Optimizer,
     epochs: int | None = None,
     time_budget_s: float | None = None,
@@ -211,10 +211,13 @@ def fit(
     history: History | None = None,
     checkpoint_dir: str | Path | None = None,
     resume: bool = False,
-    monitor: str = "test_acc",
+    monitor: str = "val_acc",
     early_stopping: int | None = None,
 ) -> History:
-    """Train for `epochs` (and/or until `time_budget_s` would be passed), evaluating after each epoch.
+    """Train for `epochs` (and/or until `time_budget_s` would be passed), evaluating val_loader after each epoch.
+
+    val_loader is a validation split carved from the training data (ptlab.data.train_val_split): you
+    choose epochs and settings on it. Keep the test split for one evaluate() at the very end.
 
     With a time budget, a new epoch starts only if the mean epoch time so far says it will end
     inside the budget (the first epoch of a call always runs). `scheduler.step()` is called once per
@@ -223,14 +226,14 @@ def fit(
 
     Chapter 5's additions: with `checkpoint_dir`, every epoch ends with `last.pt` (model, optimizer,
     scheduler, epoch, history, every RNG and the train loader's generator, written atomically) and,
-    when `monitor` (a History field such as "test_acc" or "test_loss") is the best so far, `best.pt`.
+    when `monitor` (a History field such as "val_acc" or "val_loss") is the best so far, `best.pt`.
     With `resume=True` a run picks up from `last.pt`, in this process or a new one, and `epochs`
     counts the epochs of the whole run: a run of 4 interrupted after 2 trains 2 more, bit for bit as
     if never interrupted on the same machine. `early_stopping=k` stops after k epochs without a new best.
     """
     _check_model(model)
     _check_loader(train_loader, "train_loader")
-    _check_loader(test_loader, "test_loader")
+    _check_loader(val_loader, "val_loader")
     if epochs is None and time_budget_s is None:
         raise ValueError("give epochs, time_budget_s or both: fit needs to know when to stop")
     if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1):
@@ -247,7 +250,7 @@ def fit(
     if resume and epochs is None:
         raise ValueError("resume=True needs epochs: the length of the whole run")
     if monitor not in History.__dataclass_fields__ or monitor in ("epoch", "seconds"):
-        raise ValueError(f"monitor must be a History curve such as 'test_acc' or 'test_loss', got {monitor!r}")
+        raise ValueError(f"monitor must be a History curve such as 'val_acc' or 'val_loss', got {monitor!r}")
     if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
         raise ValueError(f"early_stopping must be a positive int (epochs without improvement) or None, "
                          f"got {early_stopping!r}")
@@ -273,17 +276,17 @@ def fit(
         epoch_start = time.perf_counter()
         train = train_one_epoch(model, train_loader, optimizer, loss_fn, device, scaler, autocast_dtype,
                                 scheduler=scheduler if scheduler_step == "batch" else None)
-        test = evaluate(model, test_loader, loss_fn, device)
+        val = evaluate(model, val_loader, loss_fn, device)
         if scheduler is not None and scheduler_step == "epoch":
             scheduler.step()
         history.epoch.append(epoch)
         history.train_loss.append(train["loss"])
         history.train_acc.append(train["acc"])
-        history.test_loss.append(test["loss"])
-        history.test_acc.append(test["acc"])
+        history.val_loss.append(val["loss"])
+        history.val_acc.append(val["acc"])
         history.seconds.append(time.perf_counter() - epoch_start)
         bar.update(1)
-        bar.set_postfix(train_acc=f"{train['acc']:.3f}", test_acc=f"{test['acc']:.3f}", loss=f"{train['loss']:.3f}")
+        bar.set_postfix(train_acc=f"{train['acc']:.3f}", val_acc=f"{val['acc']:.3f}", loss=f"{train['loss']:.3f}")
         curve = getattr(history, monitor)
         best_before = [v for v in curve[:-1]]
         is_best = not best_before or better(curve[-1], min(best_before) if monitor.endswith("loss") else max(best_before))
@@ -302,7 +305,9 @@ def fit(
             break
     bar.close()
     if plot:
-        _show(history.plot())
+        from .plots import show_figure
+
+        show_figure(history.plot())
     return history
 
 
@@ -310,12 +315,3 @@ def _loader_generators(loader: Any) -> dict[str, torch.Generator]:
     """The generator a DataLoader shuffles with, if it was given one, to checkpoint with the run."""
     generator = getattr(loader, "generator", None)
     return {"train_loader": generator} if isinstance(generator, torch.Generator) else {}
-
-
-def _show(fig) -> None:
-    """Display a Figure in a notebook (IPython); elsewhere do nothing."""
-    try:
-        from IPython.display import display
-    except ImportError:
-        return
-    display(fig)

@@ -185,3 +185,25 @@ def test_an_installed_wheel_finds_or_names_the_dataset(tmp_path) -> None:
                            cwd=tmp_path, capture_output=True, text=True)
     assert found.returncode == 0, found.stderr
     assert str(tmp_path / "site") in found.stdout and "(8000, 32, 32, 3)" in found.stdout
+
+
+def test_train_val_split_is_seeded_stratified_and_disjoint():
+    from ptlab.data import train_val_split
+
+    labels = [0] * 50 + [1] * 30 + [2] * 20
+    train, val = train_val_split(labels, val_fraction=0.2, seed=3)
+    assert set(train).isdisjoint(val) and sorted(train + val) == list(range(100))
+    assert [sum(labels[i] == c for i in val) for c in range(3)] == [10, 6, 4]
+    assert train_val_split(labels, 0.2, seed=3) == (train, val)
+    assert train_val_split(labels, 0.2, seed=4) != (train, val)
+
+
+def test_train_val_split_rejects_bad_input():
+    import pytest
+
+    from ptlab.data import train_val_split
+
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        train_val_split([0, 1], val_fraction=1.0)
+    with pytest.raises(ValueError, match="too few"):
+        train_val_split([0, 0, 1], val_fraction=0.4)

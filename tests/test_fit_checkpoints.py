@@ -57,7 +57,7 @@ def test_fit_resumes_in_a_new_process_bit_for_bit(tmp_path):
     assert all(torch.equal(v, resumed[k]) for k, v in model.state_dict().items())
     last = torch.load(tmp_path / "ckpt" / "last.pt", weights_only=True)
     assert last["epoch"] == 4 and last["extra"]["history"]["epoch"] == [1, 2, 3, 4]
-    assert last["extra"]["history"]["test_acc"] == pytest.approx(history.test_acc)
+    assert last["extra"]["history"]["val_acc"] == pytest.approx(history.val_acc)
 
 
 def test_best_checkpoint_and_early_stopping(tmp_path):
@@ -71,8 +71,8 @@ def test_best_checkpoint_and_early_stopping(tmp_path):
     for group in opt.param_groups:
         group["lr"] = 0.3                      # far too high: the monitored loss soon stops improving
     history = fit(model, train, val, opt, epochs=30, progress=False, checkpoint_dir=tmp_path / "c",
-                  monitor="test_loss", early_stopping=2)
-    best = min(range(len(history)), key=history.test_loss.__getitem__)
+                  monitor="val_loss", early_stopping=2)
+    best = min(range(len(history)), key=history.val_loss.__getitem__)
     assert history.best_epoch == history.epoch[best]
     assert history.stopped_early and len(history) == history.best_epoch + 2 < 30
     assert load_checkpoint(tmp_path / "c" / "best.pt", model).epoch == history.best_epoch

@@ -40,12 +40,12 @@ def test_fit_learns_a_separable_problem() -> None:
     history = fit(model, train, test, torch.optim.SGD(model.parameters(), lr=0.1), epochs=5, progress=False)
     assert isinstance(history, History) and len(history) == 5
     assert history.epoch == [1, 2, 3, 4, 5]
-    assert history.test_acc[-1] >= 0.95 and history.test_acc[-1] > before
+    assert history.val_acc[-1] >= 0.95 and history.val_acc[-1] > before
     assert history.train_loss[-1] < history.train_loss[0]
     assert all(s > 0 for s in history.seconds) and history.total_seconds > 0
-    assert set(history.as_dict()) == {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "seconds",
+    assert set(history.as_dict()) == {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "seconds",
                                       "best_epoch", "stopped_early"}
-    assert history.best_epoch == history.epoch[history.test_acc.index(max(history.test_acc))]
+    assert history.best_epoch == history.epoch[history.val_acc.index(max(history.val_acc))]
     assert not history.stopped_early
 
 
@@ -143,12 +143,12 @@ def calibrated_run(epochs: int = 5, augment: bool = True, seed: int = 0) -> Hist
     train_set = EmbeddedImages(train=True, transform=make_transform(augment=augment))
     test_set = EmbeddedImages(train=False, transform=make_transform(augment=False))
     train_loader = DataLoader(train_set, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(seed))
-    test_loader = DataLoader(test_set, batch_size=500)
+    val_loader = DataLoader(test_set, batch_size=500)
     torch.manual_seed(seed)
     model = SmallCNN(width=24)
     optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=6e-3, total_steps=epochs * len(train_loader))
-    return fit(model, train_loader, test_loader, optimizer, epochs=epochs, scheduler=scheduler,
+    return fit(model, train_loader, val_loader, optimizer, epochs=epochs, scheduler=scheduler,
                scheduler_step="batch", progress=False)
 
 
@@ -157,6 +157,6 @@ def test_small_cnn_difficulty_contract() -> None:
     """The embedded dataset is neither trivial nor hopeless: 80-95% test accuracy with the chapter 4 recipe."""
     history = calibrated_run()
     for i in range(len(history)):
-        print(f"epoch {history.epoch[i]}: train acc {history.train_acc[i]:.3f} test acc {history.test_acc[i]:.3f} "
+        print(f"epoch {history.epoch[i]}: train acc {history.train_acc[i]:.3f} val acc {history.val_acc[i]:.3f} "
               f"({history.seconds[i]:.1f} s)")
-    assert 0.80 <= history.test_acc[-1] <= 0.95
+    assert 0.80 <= history.val_acc[-1] <= 0.95

@@ -46,7 +46,7 @@ def test_fit_continues_a_history_like_one_long_run() -> None:
     whole, model_a = run([4])
     parts, model_b = run([1, 2, 1])
     assert parts.epoch == [1, 2, 3, 4] and len(parts.seconds) == 4
-    assert parts.test_acc == whole.test_acc and parts.train_loss == whole.train_loss
+    assert parts.val_acc == whole.val_acc and parts.train_loss == whole.train_loss
     assert all(torch.equal(p, q) for p, q in zip(model_a.parameters(), model_b.parameters()))
     with pytest.raises(TypeError, match="history must be"):
         fit(model_a, train, test, torch.optim.SGD(model_a.parameters(), lr=0.1), epochs=1, progress=False,
