@@ -10,18 +10,18 @@ import torch
 from torch import nn
 
 from .claims import measured
-from .train import _check_loader, _check_model, _eval_mode, _resolve_device, _unpack
+from .loop import check_loader, check_model, eval_mode, resolve_device, unpack_batch
 
 
 def predict(model: nn.Module, loader: Iterable, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted labels and true labels (both (N,) int64, on the cpu) in eval mode under no_grad; modes restored."""
-    _check_model(model)
-    _check_loader(loader, "loader")
-    device = _resolve_device(model, device)
+    check_model(model)
+    check_loader(loader, "loader")
+    device = resolve_device(model, device)
     predicted, targets = [], []
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         for batch in loader:
-            X, y = _unpack(batch, device)
+            X, y = unpack_batch(batch, device)
             logits = model(X)                                   # (B, num_classes)
             if logits.ndim != 2:
                 raise ValueError(f"the model must return logits of shape (batch, num_classes), got {tuple(logits.shape)}")
@@ -122,6 +122,7 @@ class OverfitReport:
     target_loss: float
     causes: dict[str, str] = field(default_factory=dict)
     steps: int | None = None  # the step budget it was given
+    notes: dict[str, str] = field(default_factory=dict)  # what makes a pass weak evidence (one class)
 
     @property
     def passed(self) -> bool:
@@ -135,10 +136,34 @@ class OverfitReport:
         count = str(n) if n == self.steps else measured(float(n))
         head = (f"overfit one batch: loss {measured(first)} -> {measured(last)} in {count} steps "
                 f"({'reached' if self.passed else 'did not reach'} {self.target_loss:g})")
+        notes = [f"note: {name}: {detail}" for name, detail in self.notes.items()]
         if self.passed:
-            return head
+            return "\n".join([head, *notes])
         lines = [head, "likely causes:"] + [f"  {name}: {detail}" for name, detail in self.causes.items()]
-        return "\n".join(lines)
+        return "\n".join(lines + notes)
+
+
+def _check_batch(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
+    """Refuse a batch no model can fit (ValueError naming the problem); return notes on a weak one."""
+    problems = []
+    if X.is_floating_point() and not torch.isfinite(X).all():
+        bad = int((~torch.isfinite(X)).sum())
+        problems.append(f"the inputs hold {bad} non-finite value(s) (NaN or inf): every loss will be NaN")
+    classification = y.ndim == 1 and not y.is_floating_point() and y.dtype != torch.bool
+    if classification and len(y):
+        with eval_mode(model), torch.no_grad():  # eval: BatchNorm accepts one sample, statistics stay put
+            width = model(X[:1]).shape[-1]          # (1, num_classes)
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= width:
+            problems.append(f"labels run from {low} to {high} but the model has {width} outputs: "
+                            f"valid labels are 0..{width - 1}")
+    if problems:
+        raise ValueError("overfit_one_batch: the batch itself is broken, so no model can fit it:\n  "
+                         + "\n  ".join(problems))
+    if classification and len(y) > 1 and int(y.unique().numel()) == 1:
+        return {"one class": f"every label in the batch is {int(y[0])}: a constant output fits it, "
+                             f"so reaching the target proves little; use a batch with several classes"}
+    return {}
 
 
 def _input_label_conflicts(X: torch.Tensor, y: torch.Tensor) -> int:
@@ -191,20 +216,23 @@ def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
                       raise_on_failure: bool = True, device: torch.device | str | None = None) -> OverfitReport:
     """Train a copy of model with Adam on one fixed batch until the loss <= target_loss; raise OverfitFailed with causes if not.
 
+    The batch is checked first: non-finite inputs or labels outside the model's outputs are a
+    ValueError (no model can fit them); a batch of one class passes too easily, which the report notes.
     The model you pass is left unchanged (a deep copy is trained).
     """
-    _check_model(model)
+    check_model(model)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    device = _resolve_device(model, device)
-    X, y = _unpack(batch, device)
+    device = resolve_device(model, device)
+    X, y = unpack_batch(batch, device)
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
     copy_ = copy.deepcopy(model).train()
+    notes = _check_batch(copy_, X, y)
     params = [p for p in copy_.parameters() if p.requires_grad]
     losses: list[float] = []
-    report = OverfitReport(losses, target_loss, steps=steps)
+    report = OverfitReport(losses, target_loss, steps=steps, notes=notes)
     if params:
         optimizer = torch.optim.Adam(params, lr=lr)
         for _ in range(steps):

@@ -1,7 +1,6 @@
 """The reference training loop: train_one_epoch, evaluate and fit, for any (X, y) loader and classifier."""
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -13,6 +12,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .loop import (check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode,
+                   unpack_batch)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -60,46 +61,6 @@ class History:
         return fig
 
 
-def _resolve_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
-    """The device given, else the device of the model's first parameter or buffer, else cpu."""
-    if device is not None:
-        return torch.device(device)
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
-def _check_model(model: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-
-
-def _check_loader(loader: Any, name: str) -> None:
-    if isinstance(loader, (torch.Tensor, str, bytes)) or not isinstance(loader, Iterable):
-        raise TypeError(f"{name} must be an iterable of (inputs, targets) batches such as a DataLoader, "
-                        f"got {type(loader).__name__}")
-    with contextlib.suppress(TypeError):
-        if len(loader) == 0:
-            raise ValueError(f"{name} is empty: it yields no batches (check the dataset size and drop_last)")
-
-
-def _unpack(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move an (inputs, targets) batch to device; anything else is a TypeError."""
-    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise TypeError(f"the loader must yield (inputs, targets) pairs, got {type(batch).__name__}"
-                        + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
-    X, y = batch
-    if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise TypeError(f"inputs and targets must be tensors, got {type(X).__name__} and {type(y).__name__}")
-    return X.to(device), y.to(device)
-
-
-def _correct(logits: torch.Tensor, y: torch.Tensor) -> int:
-    if logits.ndim != 2:
-        raise ValueError(f"the model must return logits of shape (batch, num_classes), got {tuple(logits.shape)}")
-    return int((logits.argmax(dim=1) == y).sum())
-
-
 def train_one_epoch(
     model: nn.Module,
     loader: Iterable,
@@ -112,61 +73,52 @@ def train_one_epoch(
     progress: bool = False,
     scheduler: Any = None,
 ) -> dict[str, float]:
-    """One pass over loader in train mode; returns mean loss, accuracy, examples seen, batches and seconds.
+    """One pass over loader in training mode; returns mean loss, accuracy, examples seen, batches and seconds.
 
+    Modes agree with evaluate(): a model in training mode is left as it is, so a submodule you put in
+    eval mode (a frozen BatchNorm) keeps its running statistics; a model wholly in eval mode is trained
+    in training mode. Afterwards every submodule has the mode it had before the call.
     A `scheduler` given here is stepped after every optimizer step (e.g. OneCycleLR).
     """
-    _check_model(model)
-    _check_loader(loader, "loader")
+    check_model(model)
+    check_loader(loader, "loader")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ValueError(f"max_batches must be a positive int or None, got {max_batches!r}")
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
-    device = _resolve_device(model, device)
-    model.train()
+    device = resolve_device(model, device)
     total_loss, correct, seen, batches = 0.0, 0, 0, 0
     start = time.perf_counter()
     bar = tqdm(loader, desc="train", leave=False, disable=not progress)
-    for batch in bar:
-        X, y = _unpack(batch, device)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(X)                      # (B, num_classes)
-            loss = loss_fn(logits, y)              # mean over the batch
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        total_loss += loss.item() * len(y)
-        correct += _correct(logits.detach(), y)
-        seen += len(y)
-        batches += 1
-        bar.set_postfix(loss=f"{total_loss / seen:.3f}", acc=f"{correct / seen:.3f}")
-        if max_batches is not None and batches >= max_batches:
-            break
+    with train_mode(model):
+        for batch in bar:
+            X, y = unpack_batch(batch, device)
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                logits = model(X)                      # (B, num_classes)
+                loss = loss_fn(logits, y)              # mean over the batch
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            total_loss += loss.item() * len(y)
+            correct += count_correct(logits.detach(), y)
+            seen += len(y)
+            batches += 1
+            bar.set_postfix(loss=f"{total_loss / seen:.3f}", acc=f"{correct / seen:.3f}")
+            if max_batches is not None and batches >= max_batches:
+                break
     bar.close()
     if seen == 0:
         raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
     return {"loss": total_loss / seen, "acc": correct / seen, "n": seen, "batches": batches,
             "seconds": time.perf_counter() - start}
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module):
-    """Put every submodule in eval mode and give each back the mode it had (mixed modes survive)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, was_training in modes:
-            m.training = was_training
 
 
 def evaluate(
@@ -176,17 +128,17 @@ def evaluate(
     device: torch.device | str | None = None,
 ) -> dict[str, float]:
     """Mean loss and accuracy over loader with model.eval() and torch.no_grad(); the model's modes are restored."""
-    _check_model(model)
-    _check_loader(loader, "loader")
+    check_model(model)
+    check_loader(loader, "loader")
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
-    device = _resolve_device(model, device)
+    device = resolve_device(model, device)
     total_loss, correct, seen = 0.0, 0, 0
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         for batch in loader:
-            X, y = _unpack(batch, device)
+            X, y = unpack_batch(batch, device)
             logits = model(X)                      # (B, num_classes)
             total_loss += loss_fn(logits, y).item() * len(y)
-            correct += _correct(logits, y)
+            correct += count_correct(logits, y)
             seen += len(y)
     if seen == 0:
         raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
@@ -231,9 +183,9 @@ def fit(
     counts the epochs of the whole run: a run of 4 interrupted after 2 trains 2 more, bit for bit as
     if never interrupted on the same machine. `early_stopping=k` stops after k epochs without a new best.
     """
-    _check_model(model)
-    _check_loader(train_loader, "train_loader")
-    _check_loader(val_loader, "val_loader")
+    check_model(model)
+    check_loader(train_loader, "train_loader")
+    check_loader(val_loader, "val_loader")
     if epochs is None and time_budget_s is None:
         raise ValueError("give epochs, time_budget_s or both: fit needs to know when to stop")
     if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1):
@@ -254,7 +206,7 @@ def fit(
     if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
         raise ValueError(f"early_stopping must be a positive int (epochs without improvement) or None, "
                          f"got {early_stopping!r}")
-    device = _resolve_device(model, device)
+    device = resolve_device(model, device)
     history = history if history is not None else History()
     generators = _loader_generators(train_loader)
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
