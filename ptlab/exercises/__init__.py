@@ -5,10 +5,10 @@ A stub is left as `...` (Ellipsis), or a function whose body is `...`; the check
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from ..topics import import_topic_modules, refuse_second_id
 
 __all__ = ["Exercise", "exercise", "check", "all_exercises", "NotAttempted", "Wrong"]
 
@@ -48,8 +48,7 @@ def exercise(*, id: str, chapter: int, task: str, hint: str):
     """Register `checker(answer)`: return on success, raise Wrong(hint) or NotAttempted otherwise."""
 
     def register(checker: Callable[[Any], None]) -> Callable[[Any], None]:
-        if id in _REGISTRY and _REGISTRY[id].checker.__qualname__ != checker.__qualname__:
-            raise ValueError(f"exercise id {id!r} is registered twice")
+        refuse_second_id(_REGISTRY, "exercise", id, checker, lambda e: e.checker)
         _REGISTRY[id] = Exercise(id, chapter, task, hint, checker)
         return checker
 
@@ -57,9 +56,7 @@ def exercise(*, id: str, chapter: int, task: str, hint: str):
 
 
 def _load_topics() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    import_topic_modules(__name__, __path__)
 
 
 def all_exercises(chapter: int | None = None) -> list[Exercise]:

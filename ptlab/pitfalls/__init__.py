@@ -1,10 +1,8 @@
 """Registered pitfalls: one module per topic, discovered automatically."""
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from ..claims import MEASURED, Check, claim
+from ..topics import import_topic_modules
 from .registry import Outcome, Pitfall, format_figure, pitfall, registered
 
 __all__ = ["Check", "Outcome", "Pitfall", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "format_figure"]
@@ -13,9 +11,7 @@ _TOPIC_MODULES_SKIPPED = {"registry"}
 
 
 def _load_topics() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in _TOPIC_MODULES_SKIPPED and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    import_topic_modules(__name__, __path__, skip=_TOPIC_MODULES_SKIPPED)
 
 
 def all_pitfalls(chapter: int | None = None) -> list[Pitfall]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..claims import Check, show
+from ..topics import refuse_second_id
 
 Number = int | float
 
@@ -126,8 +127,7 @@ def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch:
     def register(fn: Callable[[bool], Outcome]) -> Callable[[bool], Outcome]:
         if not _ID_PATTERN.match(id):
             raise ValueError(f"pitfall id {id!r} must be lowercase words joined by '-'")
-        if id in _REGISTRY and _REGISTRY[id].reproduce.__qualname__ != fn.__qualname__:
-            raise ValueError(f"pitfall id {id!r} is registered twice")
+        refuse_second_id(_REGISTRY, "pitfall", id, fn, lambda p: p.reproduce)
         if "buggy" not in inspect.signature(fn).parameters:
             raise TypeError(f"pitfall {id!r}: the reproduction must take a `buggy` argument")
         record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn)
