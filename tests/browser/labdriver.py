@@ -338,6 +338,41 @@ def blank_plots(widget) -> int:
     return sum(png_is_blank(png) for png in pngs)
 
 
+# JupyterLab logs every kernel output at level "info" (so its Log Console, set to info, shows them
+# all); the ones that reach no cell are visible only there. The page's kernel connection hands an
+# output to the request it answers (a cell's execution, a widget's comm message); an output whose
+# request is no longer or never was waiting is the one that lands in no cell: the blank-plot bug
+# was a figure shown by a hook after the widget's request had ended. This records those.
+_WATCH_ESCAPED_JS = """() => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  window.ptlabEscaped = [];
+  const handle = kernel._handleMessage.bind(kernel);
+  kernel._handleMessage = async (msg) => {
+    const kind = msg.header.msg_type;
+    if (msg.channel === 'iopub' && ['stream', 'display_data', 'execute_result', 'error'].includes(kind)
+        && !kernel._futures?.get(msg.parent_header?.msg_id)) {
+      const c = msg.content;
+      const what = kind === 'stream' ? c.text : kind === 'error' ? `${c.ename}: ${c.evalue}`
+        : Object.keys(c.data ?? {}).join(', ');
+      window.ptlabEscaped.push(`${kind} (${String(what).slice(0, 80)})`);
+    }
+    return handle(msg);
+  };
+}"""
+
+
+def watch_escaped_outputs(page) -> None:
+    """From now on, record each output of the notebook's kernel that no request of the page was waiting for."""
+    page.evaluate(_WATCH_ESCAPED_JS)
+
+
+def escaped_output_problems(page) -> list[str]:
+    """Outputs recorded by watch_escaped_outputs: each reached no cell (only the Log Console, at info, has it)."""
+    escaped = page.evaluate("() => window.ptlabEscaped ?? []")
+    return [f"{len(escaped)} output(s) reached no cell (only JupyterLab's Log Console shows them): "
+            + "; ".join(escaped[:3])] if escaped else []
+
+
 def news_problems(page) -> list[str]:
     """The 'get notified about official Jupyter news?' pop-up would greet every learner in a workshop."""
     toast = page.get_by_text("official Jupyter news")
@@ -447,6 +482,7 @@ def check_notebook(browser, lab: Lab, notebook: str, nb_path: Path, shots: Path 
         shots.mkdir(parents=True, exist_ok=True)
     try:
         open_notebook(page, lab, notebook, n_cells)
+        watch_escaped_outputs(page)
         # Clear stored outputs first: every output checked below was made by this run.
         _menu(page, "Edit", "Clear Outputs of All Cells")
         start = time.perf_counter()
@@ -467,6 +503,7 @@ def check_notebook(browser, lab: Lab, notebook: str, nb_path: Path, shots: Path 
         elif ids:
             report.problems.append(f"{len(ids)} show_pitfall calls but {report.widgets} pitfall widgets on the page")
         report.problems += news_problems(page)
+        report.problems += escaped_output_problems(page)
         if shots is not None:
             page.screenshot(path=str(shots / "notebook.png"))
     except Exception as err:

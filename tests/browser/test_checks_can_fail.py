@@ -33,6 +33,15 @@ PROBES = {
                              'import ipywidgets\nipywidgets.IntSlider(value=3)'],
     "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall', 'show_pitfall("exploding-probe")'],
     "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
+    # An output answering a request the page never made, as a hook that runs after a widget's
+    # request ended sends: it reaches no cell, only JupyterLab's Log Console (at level info).
+    "escaped_output.ipynb": ['kernel = get_ipython().kernel\n'
+                             'session = kernel.get_parent()["header"]["session"]\n'
+                             'orphan = {"header": {"msg_id": "no-such-request", "session": session,\n'
+                             '                     "msg_type": "execute_request", "username": "", "date": "", "version": "5.3"}}\n'
+                             'kernel.session.send(kernel.iopub_socket, "stream", {"name": "stdout", "text": "escaped"},\n'
+                             '                    parent=orphan, ident=b"stream.stdout")',
+                             'print("the cells themselves are fine")'],
 }
 
 
@@ -100,3 +109,9 @@ def test_missing_widget_extension_shows_text_fallback(browser, probe_root):
     # Without a widget manager the page itself logs errors (each widget model's comm has no
     # target): the console check hears them.
     assert any(p.startswith("console.error:") for p in report.problems), report.problems
+
+
+def test_output_that_reached_no_cell_is_reported(browser, probe_lab, probe_root):
+    report = check(browser, probe_lab, probe_root, "escaped_output.ipynb")
+    escaped = [p for p in report.problems if "reached no cell" in p]
+    assert escaped and "stream (escaped)" in escaped[0], report.problems
