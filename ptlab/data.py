@@ -214,6 +214,7 @@ def rebuild_dataset(path: str | Path | None = None) -> str:
     _write_npz(tmp, arrays)
     tmp.replace(path)
     _load_file.cache_clear()
+    uint8_split.cache_clear()
     return _sha256(path)
 
 
@@ -280,8 +281,7 @@ class EmbeddedImages(Dataset):
         self.targets: list[int] = labels.tolist()
         self.classes: list[str] = list(CLASSES)
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(CLASSES)}
-        self._images = torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous()  # (N, 3, 32, 32) uint8
-        self._labels = torch.from_numpy(labels.copy())                                   # (N,) int64
+        self._images = to_nchw(images)                                         # (N, 3, 32, 32) uint8
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -315,12 +315,36 @@ def make_transform(augment: bool = False):
     return v2.Compose(steps)
 
 
+def to_nchw(images: np.ndarray) -> torch.Tensor:
+    """numpy images (N, H, W, C) uint8 as a contiguous torch tensor (N, C, H, W) uint8 (a copy: safe to write)."""
+    if not isinstance(images, np.ndarray) or images.ndim != 4 or images.dtype != np.uint8:
+        raise ValueError(f"images must be a uint8 numpy array (N, H, W, C), got "
+                         f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}")
+    return torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous()
+
+
+def normalize_uint8(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images (B, 3, H, W) as float32 scaled to [0, 1] and normalised with the train split's MEAN and STD."""
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be a uint8 tensor (B, 3, H, W), got "
+                         f"{getattr(images, 'dtype', type(images).__name__)} of shape "
+                         f"{tuple(getattr(images, 'shape', ()))}")
+    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    return (images.float() / 255 - mean) / std
+
+
+@functools.lru_cache(maxsize=2)
+def uint8_split(train: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole split as uint8 images (N, 3, 32, 32) and int64 labels (N,), cached per process (treat as read-only)."""
+    images, labels = load_arrays(bool(train))
+    return to_nchw(images), torch.from_numpy(labels.copy())
+
+
 def to_float_tensors(train: bool = True, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A whole split as normalised float32 (N, 3, 32, 32) and int64 labels (N,), for full-batch work."""
-    images, labels = load_arrays(train)
-    X = torch.from_numpy(images.copy()).permute(0, 3, 1, 2).float().div_(255)       # (N, 3, 32, 32) in [0, 1]
-    X = (X - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
-    return X.contiguous().to(device), torch.from_numpy(labels.copy()).to(device)
+    images, labels = uint8_split(train)
+    return normalize_uint8(images).to(device), labels.clone().to(device)
 
 
 def load_dataset(train: bool = True, transform: Callable | None = None, name: str | None = None,

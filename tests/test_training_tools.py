@@ -11,7 +11,7 @@ from ptlab import check
 from ptlab.evaluation import (OverfitFailed, OverfitReport, confusion_matrix, overfit_one_batch, per_class_accuracy,
                               plot_confusion_matrix, plot_misclassified, predict)
 from ptlab.exercises.training import _variant, mystery_setup, reference_train_steps
-from ptlab.pitfalls.training import augment_batch, normalize, uint8_split
+from ptlab.data import normalize_uint8, uint8_split
 from ptlab.train import History, fit
 
 
@@ -152,15 +152,13 @@ def test_overfit_one_batch_rejects_bad_input() -> None:
         overfit_one_batch("model", (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)))
 
 
-def test_augment_batch_crops_and_flips_per_image() -> None:
+def test_normalize_uint8_gives_about_zero_mean_unit_std_and_rejects_floats() -> None:
     images, _ = uint8_split(True)
-    batch = images[:16]
-    out = augment_batch(batch, torch.Generator().manual_seed(0))
-    assert out.shape == batch.shape and out.dtype == torch.uint8
-    assert torch.equal(out, augment_batch(batch, torch.Generator().manual_seed(0)))
-    assert not torch.equal(out, batch)
-    x = normalize(images[:64])
+    x = normalize_uint8(images[:64])
+    assert x.dtype == torch.float32 and x.shape == (64, 3, 32, 32)
     assert abs(x.mean().item()) < 0.2 and abs(x.std().item() - 1) < 0.2
+    with pytest.raises(ValueError, match="uint8"):
+        normalize_uint8(x)
 
 
 def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> None:
@@ -179,5 +177,11 @@ def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> No
     model, batch = mystery_setup()
     with pytest.raises(OverfitFailed) as failure:
         overfit_one_batch(model, batch)
-    assert check("ch4-overfit-cause", next(iter(failure.value.report.causes))) == "correct"
-    assert check("ch4-overfit-cause", "frozen parameters") == "wrong"
+    assert list(failure.value.report.causes) == ["frozen parameters"]
+    assert check("ch4-overfit-cause", lambda m: m.requires_grad_(True)) == "correct"
+    assert check("ch4-overfit-cause", lambda m: m) == "wrong"                       # still frozen
+    assert "frozen parameters" in capsys.readouterr().out
+    assert check("ch4-overfit-cause", lambda m: SmallCNN(width=8)) == "wrong"       # a new model is not a repair
+    assert check("ch4-overfit-cause", lambda m: m.apply(lambda mod: mod.reset_parameters()
+                                                        if isinstance(mod, nn.Linear) else None).requires_grad_(True)) == "wrong"
+    assert "weights changed" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..claims import measured
-from . import NotAttempted, Wrong, calls_stub, exercise
+from . import Wrong, calls_stub, exercise
 
 
 def _tiny_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -127,44 +127,43 @@ def check_evaluate_without_side_effects(measure_accuracy) -> None:
                     f"is {measured(expected)} (average over examples, not batches).")
 
 
-class _GatedCNN(nn.Module):
-    """A small CNN with a bug in its forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
-        self.head = nn.Linear(8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.features(x).flatten(1)            # (B, 8)
-        return self.head(h.detach())               # the head learns; the features never do
-
-
 def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """A model and one batch (16 images) that will not overfit: find out why with overfit_one_batch."""
+    """A SmallCNN and one batch of 16 images that will not overfit: find out why with overfit_one_batch."""
+    from ..models import SmallCNN
+
     torch.manual_seed(0)
+    model = SmallCNN(width=8)
+    for name, parameter in model.named_parameters():
+        if name.startswith(("features.4", "head")):             # the last stage and the head
+            parameter.requires_grad = False
     g = torch.Generator().manual_seed(0)
-    return _GatedCNN(), (torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
+    return model, (torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
 
 
 @exercise(
     id="ch4-overfit-cause", chapter=4,
-    task="run overfit_one_batch on mystery_setup()'s model and batch (catch OverfitFailed) and answer the "
-         "first likely cause it names, as a string",
-    hint="try: overfit_one_batch(model, batch) except OverfitFailed as err: print(err); "
-         "err.report.causes is a dict, its first key is the answer",
+    task="write unblock(model): change mystery_setup()'s model in place, keeping its weights, so that "
+         "overfit_one_batch(model, batch) passes, and return that model",
+    hint="run overfit_one_batch on the model and batch (catch OverfitFailed) and read the likely causes: each "
+         "says what stops learning and where; undo that on the model itself, then run the ritual again",
 )
-def check_overfit_cause(answer) -> None:
-    if not isinstance(answer, str):
-        raise Wrong(f"answer with the cause's name as a string, got {type(answer).__name__}.")
-    from ..evaluation import OverfitFailed, overfit_one_batch
+def check_overfit_cause(unblock) -> None:
+    from ..evaluation import overfit_one_batch
 
     model, batch = mystery_setup()
-    try:
-        overfit_one_batch(model, batch, steps=100)
-    except OverfitFailed as err:
-        expected = next(iter(err.report.causes))
-    else:  # pragma: no cover - the mystery model is built not to overfit
-        raise NotAttempted
-    if answer.strip().lower() != expected:
-        raise Wrong(f"{answer!r} is not the first cause the report names.")
+    originals = dict(model.named_parameters())
+    values = {name: p.detach().clone() for name, p in originals.items()}
+    result = calls_stub(unblock, model)
+    if result is not model:
+        raise Wrong("change the model you are given in place and return that same model (not a copy or a new "
+                    f"one), got {type(result).__name__}.")
+    now = dict(model.named_parameters())
+    if now.keys() != originals.keys() or any(now[n] is not originals[n] for n in now):
+        raise Wrong("you replaced parameters or modules: keep the model's own parameters and change what stops "
+                    "them from learning.")
+    if any(not torch.equal(now[n].detach(), values[n]) for n in now):
+        raise Wrong("the weights changed: keep them as they are; the problem is not their values.")
+    report = overfit_one_batch(model, batch, raise_on_failure=False)
+    if not report.passed:
+        causes = ", ".join(report.causes) or "none named"
+        raise Wrong(f"it still does not overfit its batch; the report's likely causes now: {causes}.")

@@ -30,10 +30,10 @@ def _pil_to_uint8():
 
 def _nearest_neighbour_on_train():
     """A stand-in for correctly trained weights: 1-NN on the train split, 100% right on its images."""
-    from ..data import load_arrays
+    from ..data import load_arrays, to_nchw
 
     images, labels = load_arrays(train=True)                                    # (N, 32, 32, 3), (N,)
-    memory = torch.from_numpy(images.copy()).permute(0, 3, 1, 2).flatten(1).float()  # (N, 3072)
+    memory = to_nchw(images).flatten(1).float()                                 # (N, 3072)
     targets = torch.from_numpy(labels.copy())
 
     def predict(batch: torch.Tensor) -> torch.Tensor:                           # (B, 3, 32, 32) uint8

@@ -1,17 +1,14 @@
-"""Chapter 4 pitfalls: eight training bugs, each reproduced on a real SmallCNN and measured.
+"""Chapter 4 pitfalls: training bugs, each reproduced on a real SmallCNN and measured.
 
-Each reproduction trains or evaluates a real SmallCNN on the embedded dataset for a few seconds.
-The ones that need trained weights share one reference model, trained once per process
-(`reference_weights`), and each loads a fresh copy so no pitfall sees another's side effects.
-Every verdict is a list of named checks (ptlab.claims.Check) whose bounds hold with a wide margin
-on any machine (chance accuracy is 0.10; a fresh classifier's loss is ln(10) = 2.303).
+Each reproduction trains or evaluates a width-16 SmallCNN on the embedded dataset for a few seconds.
+The ones that need trained weights start from the models shipped in data/ (ptlab.reference: a 10-class
+reference model, and a backbone pretrained on part of the classes), each a fresh copy, so no pitfall sees
+another's side effects. Every verdict is a list of named checks (ptlab.claims.Check) whose bounds hold with
+a wide margin on any machine (chance accuracy is 0.10; a fresh classifier's loss is ln(10) = 2.303).
 """
 from __future__ import annotations
 
-import functools
-import gc
 import math
-import weakref
 
 import torch
 from torch import nn
@@ -19,86 +16,12 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Subset
 
 from ..claims import Check
-from ..data import CLASSES, MEAN, STD, EmbeddedImages, load_arrays, make_transform
+from ..data import CLASSES, MEAN, STD, EmbeddedImages, make_transform, normalize_uint8 as normalize, uint8_split
+from ..diagnose import SavedTensors
 from ..models import SmallCNN
+from ..reference import WIDTH as _WIDTH
+from ..reference import accuracy_on_test, batch_stream, reference_model
 from .registry import Outcome, pitfall
-
-_MEAN = torch.tensor(MEAN).view(1, 3, 1, 1)
-_STD = torch.tensor(STD).view(1, 3, 1, 1)
-_WIDTH = 16          # a quarter of SmallCNN's compute: the reproductions must take seconds, not minutes
-_BATCH = 64
-
-
-@functools.lru_cache(maxsize=2)
-def uint8_split(train: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A whole split as uint8 images (N, 3, 32, 32) and labels (N,), cached (treat as read-only)."""
-    images, labels = load_arrays(train)
-    return torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.copy())
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 (B, 3, H, W) to float, scaled to [0, 1] and normalised with the dataset's mean and std."""
-    return (images.float() / 255 - _MEAN) / _STD
-
-
-def augment_batch(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """RandomCrop(32, padding=4) and a horizontal flip, drawn per image, on a uint8 batch (B, 3, 32, 32)."""
-    B, _, H, W = images.shape
-    padded = F.pad(images, (4, 4, 4, 4))                                  # (B, 3, H+8, W+8), black border
-    top = torch.randint(0, 9, (B,), generator=generator)
-    left = torch.randint(0, 9, (B,), generator=generator)
-    rows = (top[:, None] + torch.arange(H))[:, :, None]                   # (B, H, 1)
-    cols = (left[:, None] + torch.arange(W))[:, None, :]                  # (B, 1, W)
-    crops = padded[torch.arange(B)[:, None, None], :, rows, cols]         # (B, H, W, 3)
-    crops = crops.permute(0, 3, 1, 2)                                     # (B, 3, H, W)
-    flip = torch.rand(B, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
-
-
-def batch_stream(seed: int = 0, n: int | None = None, augment: bool = False):
-    """Endless normalised training batches (X (64, 3, 32, 32), y (64,)) drawn with a seeded generator."""
-    images, labels = uint8_split(True)
-    n = len(labels) if n is None else n
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        idx = torch.randint(0, n, (_BATCH,), generator=g)
-        batch = augment_batch(images[idx], g) if augment else images[idx]
-        yield normalize(batch), labels[idx]
-
-
-@torch.no_grad()
-def accuracy_on_test(model: nn.Module, n: int = 2000, batch_size: int = 500) -> float:
-    """Accuracy on the first n test images, in eval mode (the model's mode is restored)."""
-    images, labels = uint8_split(False)
-    was_training = model.training
-    model.eval()
-    correct = sum(int((model(normalize(images[i:i + batch_size])).argmax(1) == labels[i:i + batch_size]).sum())
-                  for i in range(0, n, batch_size))
-    model.train(was_training)
-    return correct / n
-
-
-@functools.lru_cache(maxsize=1)
-def reference_weights(steps: int = 400) -> dict[str, torch.Tensor]:
-    """State dict of a width-16 SmallCNN trained for `steps` batches with augmentation (once per process)."""
-    torch.manual_seed(0)
-    model = SmallCNN(width=_WIDTH)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
-    for _, (X, y) in zip(range(steps), batch_stream(seed=0, augment=True)):
-        loss = F.cross_entropy(model(X), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-    return {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def reference_model() -> SmallCNN:
-    """A fresh copy of the trained reference model, in eval mode."""
-    model = SmallCNN(width=_WIDTH)
-    model.load_state_dict(reference_weights())
-    return model.eval()
 
 
 def _fresh_model_and_optimizer(lr: float = 1e-2) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -259,39 +182,6 @@ def softmax_before_cross_entropy(buggy: bool) -> Outcome:
     )
 
 
-class _SavedTensorTracker:
-    """Watches every tensor autograd saves for backward, and tells how many bytes are still held."""
-
-    class _Held:
-        __slots__ = ("tensor", "__weakref__")
-
-        def __init__(self, tensor: torch.Tensor) -> None:
-            self.tensor = tensor
-
-    def __init__(self) -> None:
-        self._records: list[tuple[weakref.ref, tuple[int, int]]] = []
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
-
-    def _pack(self, tensor: torch.Tensor):
-        held = self._Held(tensor)
-        if not isinstance(tensor, nn.Parameter):                # weights live anyway; count activations
-            storage = tensor.untyped_storage()
-            self._records.append((weakref.ref(held), (storage.data_ptr(), storage.nbytes())))
-        return held
-
-    def __enter__(self) -> "_SavedTensorTracker":
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
-
-    def bytes_held(self) -> int:
-        """Bytes of saved activations still referenced by a live graph (each storage counted once)."""
-        gc.collect()
-        return sum(nbytes for _, nbytes in {key for ref, key in self._records if ref() is not None})
-
-
 @pitfall(
     id="eval-without-no-grad", chapter=4,
     title="Evaluation without torch.no_grad() keeps a graph, and its activations, for every batch you keep",
@@ -311,7 +201,7 @@ def eval_without_no_grad(buggy: bool) -> Outcome:
     model = reference_model()                                   # eval mode: only no_grad differs
     images, labels = uint8_split(False)
     all_logits = []
-    with _SavedTensorTracker() as tracker:
+    with SavedTensors() as saved:                               # records every tensor autograd saves
         for start in range(0, 2000, 250):                       # 8 batches of 250
             X = normalize(images[start:start + 250])
             if buggy:
@@ -320,7 +210,7 @@ def eval_without_no_grad(buggy: bool) -> Outcome:
                 with torch.no_grad():
                     logits = model(X)                           # FIX: no graph, nothing saved
             all_logits.append(logits)                           # kept for a confusion matrix later
-    held_mib = tracker.bytes_held() / 2**20
+    held_mib = saved.held_bytes(exclude=model.parameters()) / 2**20   # still alive after the loop
     accuracy = (torch.cat(all_logits).argmax(1) == labels[:2000]).float().mean().item()
     has_graph = all_logits[0].grad_fn is not None
     return Outcome(
