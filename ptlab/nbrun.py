@@ -23,7 +23,14 @@ KERNEL_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "default::DeprecationWarn
 # The second configuration CI runs the notebooks in (`make test-second-config`): other float digits,
 # other speed. On any x86 CPU it changes the thread count and the ATen and oneDNN instruction sets.
 SECOND_CONFIG = {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-BUDGETS = {"notebook_s": 120.0, "cell_s": 20.0, "rss_mib": 3 * 1024.0, "total_s": 600.0, "checked": 0.80}
+BUDGETS = {"notebook_s": 120.0, "cell_s": 20.0, "rss_mib": 3 * 1024.0, "total_s": 900.0, "checked": 0.80}
+# Chapters whose lesson needs more time than the default: real processes (7) and compilation (8).
+NOTEBOOK_S = {"07_ddp": 150.0, "08_compile_export": 180.0}
+
+
+def notebook_budget_s(path: Path) -> float:
+    """The wall-time budget of one notebook (its chapter's, else the default)."""
+    return NOTEBOOK_S.get(Path(path).stem, BUDGETS["notebook_s"])
 
 
 def notebook_paths(paths: list[Path]) -> list[Path]:
@@ -191,8 +198,8 @@ def execute_in_place(paths: list[Path]) -> int:
 def budget_problems(run: NotebookRun) -> list[str]:
     """Which of the course's per-notebook budgets this run broke."""
     problems = [f"failed at {run.error}"] if run.error else []
-    if run.wall_s > BUDGETS["notebook_s"]:
-        problems.append(f"ran {run.wall_s:.0f} s > {BUDGETS['notebook_s']:.0f} s")
+    if run.wall_s > notebook_budget_s(run.path):
+        problems.append(f"ran {run.wall_s:.0f} s > {notebook_budget_s(run.path):.0f} s")
     if run.slowest_cell_s > BUDGETS["cell_s"]:
         problems.append(f"cell {run.slowest_cell} took {run.slowest_cell_s:.0f} s > {BUDGETS['cell_s']:.0f} s")
     if run.peak_rss_mib > BUDGETS["rss_mib"]:
@@ -202,9 +209,10 @@ def budget_problems(run: NotebookRun) -> list[str]:
     return problems
 
 
-def bench(paths: list[Path], markdown: bool = False) -> int:
+def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
-    checked share and pass/fail for each, then every budget that was broken."""
+    checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
+    table, then every budget that was broken."""
     from tqdm.auto import tqdm
 
     runs, problems = [], []
@@ -218,6 +226,8 @@ def bench(paths: list[Path], markdown: bool = False) -> int:
     print(bench_table(runs))
     if markdown:
         print("\n" + bench_markdown(runs))
+    if speed:
+        print("\n" + speed_section())
     for p in problems:
         print(f"OVER BUDGET OR FAILED: {p}")
     return 1 if problems else 0
@@ -258,3 +268,43 @@ def bench_markdown(runs: list[NotebookRun]) -> str:
                     f"| {r.checked:.0%} | {run_verdict(r)} |")
     rows.append(f"| **all** | **{sum(r.wall_s for r in runs):.1f}** | | | | |")
     return "\n".join(rows)
+
+
+def speed_section(width: int = 24) -> str:
+    """Chapter 6's speed table for the chapter-4 SmallCNN: images per CPU-second in float32, bf16 autocast
+    and bf16 + channels_last, the ratio to float32 and the fraction of each dtype's measured matmul peak,
+    all on one thread (see ptlab.amp.speed_comparison).
+
+    A few seconds (fewer batches where bf16 is emulated). Any failure gives one 'skipped' line instead:
+    the notebooks' verdicts above stand either way.
+    """
+    try:
+        import torch
+
+        from .amp import format_speed_table, peak_fractions, speed_comparison, training_step_flops
+        from .data import to_float_tensors
+        from .doctor import native_bf16
+        from .models import SmallCNN
+        from .timing import matmul_flops
+
+        native = native_bf16()
+        n_batches, batch_size = (5, 64) if native else (3, 32)   # the first batch warms up, untimed
+        X, y = to_float_tensors(train=True)                      # (N, 3, 32, 32), (N,)
+        batches = [(X[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
+                   for i in range(n_batches)]
+
+        def make_model() -> torch.nn.Module:
+            torch.manual_seed(0)
+            return SmallCNN(width=width)
+
+        speeds = speed_comparison(make_model, batches)
+        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
+        fractions = peak_fractions(speeds, training_step_flops(make_model()), peaks)
+    except Exception as err:  # the table is information, not a verdict: say why it is missing
+        return f"mixed-precision speed table skipped: {type(err).__name__}: {err}"
+    peak_text = ", ".join(f"{name} {flops / 1e9:.3g}" for name, flops in peaks.items())
+    return "\n".join([
+        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread, "
+        f"{'native' if native else 'NO native (emulated)'} bf16 on this CPU",
+        f"matmul peak, GFLOP per CPU-second: {peak_text}",
+        format_speed_table(speeds, fractions=fractions)])

@@ -1,6 +1,7 @@
 """Honest timing: warm-up, repeats, medians, and ratios measured side by side in one run."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -21,12 +22,16 @@ def _check_args(warmup: int, repeats: int) -> None:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
 
 
-def _once(fn: Callable[[], object], device) -> float:
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
+
+def _once(fn: Callable[[], object], device, clock: str = "wall") -> float:
+    now = CLOCKS[clock]
     _synchronize(device)
-    start = time.perf_counter()
+    start = now()
     fn()
     _synchronize(device)
-    return time.perf_counter() - start
+    return now() - start
 
 
 @dataclass(frozen=True)
@@ -97,3 +102,72 @@ def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, warmup: i
         for fn, sink in (order if i % 2 == 0 else order[::-1]):
             sink.append(_once(fn, device))
     return Comparison(Timing(names[0], times_a), Timing(names[1], times_b))
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """Run the block with torch.set_num_threads(threads) and restore the count after (None: leave it)."""
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def matmul_flops(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16), *, min_seconds: float = 0.05,
+                 max_size: int = 2048, repeats: int = 3, device: torch.device | str = "cpu",
+                 clock: str | None = None, threads: int | None = None) -> dict[str, float]:
+    """Measured matmul peak per dtype: FLOP per second of the fastest square (n, n) @ (n, n) product.
+
+    For each dtype, n doubles from 256 until one product takes `min_seconds` (big enough to be
+    compute-bound, not so big that an emulated dtype takes minutes) or reaches `max_size`; those
+    calls are the warm-up. Then the dtypes take turns for `repeats` rounds and each keeps its fastest.
+    An n x n product is 2 n**3 FLOP. The clock is "process" (CPU time of this process, all its
+    threads: what other processes do to the cores does not count) on the CPU and "wall" on CUDA, so
+    on the CPU the figure is FLOP per CPU-second, the unit of ptlab.amp.speed_comparison. `threads`
+    sets torch's thread count for the measurement (None: as it is); with threads=1 a loaded machine
+    changes the CPU time little, as no thread spins waiting for a sibling that lost its core.
+    Returns {"float32": flop_per_s, "bfloat16": ...}.
+    """
+    if not isinstance(dtypes, (tuple, list)) or not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes must be a non-empty tuple of torch.dtype, got {dtypes!r}")
+    if not all(d.is_floating_point for d in dtypes):
+        raise ValueError(f"dtypes must be floating point dtypes, got {[_dtype_name(d) for d in dtypes]}")
+    if not (isinstance(min_seconds, (int, float)) and min_seconds > 0):
+        raise ValueError(f"min_seconds must be a positive number, got {min_seconds!r}")
+    if not isinstance(max_size, int) or max_size < 256:
+        raise ValueError(f"max_size must be an int >= 256, got {max_size!r}")
+    _check_args(0, repeats)
+    device = torch.device(device)
+    clock = clock or ("wall" if device.type == "cuda" else "process")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {sorted(CLOCKS)}, got {clock!r}")
+    with torch_threads(threads):
+        return _matmul_flops(dtypes, min_seconds, max_size, repeats, device, clock)
+
+
+def _matmul_flops(dtypes, min_seconds: float, max_size: int, repeats: int, device: torch.device,
+                  clock: str) -> dict[str, float]:
+    g = torch.Generator().manual_seed(0)
+    products = {}
+    for dtype in dtypes:
+        size = 256
+        while True:
+            a, b = (torch.randn(size, size, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+            if _once(lambda: a @ b, device, clock) >= min_seconds or size * 2 > max_size:
+                break
+            size *= 2
+        products[_dtype_name(dtype)] = (lambda a=a, b=b: a @ b, 2.0 * size ** 3)
+    best = {name: float("inf") for name in products}
+    for _ in range(repeats):
+        for name, (product, _) in products.items():
+            best[name] = min(best[name], _once(product, device, clock))
+    return {name: flop / max(best[name], 1e-9) for name, (_, flop) in products.items()}

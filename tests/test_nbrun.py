@@ -29,11 +29,35 @@ def test_bench_runs_every_notebook_even_after_one_fails(tmp_path, capsys):
     for name, nb in (("01_bad.ipynb", bad), ("02_good.ipynb", good)):
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, tmp_path / name)
-    assert bench([tmp_path], markdown=True) == 1
+    assert bench([tmp_path], markdown=True, speed=False) == 1
     out = capsys.readouterr().out
     assert "01_bad.ipynb" in out and "02_good.ipynb" in out
     assert "FAIL" in out and "failed at cell 0: ValueError: a claim failed" in out
     assert "| **all** |" in out
+    assert "Mixed precision" not in out
+
+
+@pytest.mark.slow
+def test_speed_section_prints_the_three_variants_with_peak_fractions():
+    from ptlab.nbrun import speed_section
+
+    lines = speed_section(width=4).splitlines()
+    assert lines[0].startswith("Mixed precision (chapter 6): SmallCNN(width=4)")
+    assert lines[1].startswith("matmul peak, GFLOP per CPU-second: float32 ") and "bfloat16" in lines[1]
+    assert lines[2].split()[:2] == ["variant", "images/CPU-s"] and "of its matmul peak" in lines[2]
+    assert [line[:22].strip() for line in lines[3:]] == ["float32", "bf16 autocast", "bf16 + channels_last"]
+    assert all(line.count("≈") == 3 for line in lines[3:])
+
+
+def test_speed_section_says_why_it_was_skipped(monkeypatch):
+    import ptlab.amp
+    from ptlab.nbrun import speed_section
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no bf16 kernels on this build")
+
+    monkeypatch.setattr(ptlab.amp, "speed_comparison", broken)
+    assert speed_section() == "mixed-precision speed table skipped: RuntimeError: no bf16 kernels on this build"
 
 
 def test_budget_problems_name_each_overrun():
@@ -43,6 +67,8 @@ def test_budget_problems_name_each_overrun():
     text = " ".join(budget_problems(bad))
     for part in ("130 s > 120 s", "cell 7 took 25 s", "4000 MiB", "50% of code cells"):
         assert part in text
+    assert budget_problems(NotebookRun(Path("07_ddp.ipynb"), 140.0, 5.0, 3, 900.0, 0.9)) == []
+    assert "160 s > 150 s" in " ".join(budget_problems(NotebookRun(Path("07_ddp.ipynb"), 160.0, 5.0, 3, 900.0, 0.9)))
 
 
 def test_notebook_paths_finds_solutions_and_skips_checkpoints(tmp_path):
