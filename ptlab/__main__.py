@@ -1,4 +1,4 @@
-"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench`."""
+"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench | train`."""
 from __future__ import annotations
 
 import argparse
@@ -58,16 +58,19 @@ def _catalogue(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from . import data
+    from . import data, reference
 
     if args.rebuild:
         print(f"rebuilt {data.DATASET_FILE.name}: sha256 {data.rebuild_dataset()}")
-    elif args.export:
+    if args.rebuild_weights:
+        print(f"rebuilt {reference.rebuild_weights().name}:\n{reference.describe_weights()}")
+    if args.export:
         print(f"wrote {data.export_image_folder(Path(args.export), train=not args.test)}")
-    else:
+    if not (args.rebuild or args.rebuild_weights or args.export):
         try:
             print(f"{data.DATASET_FILE.name}: sha256 {data.verify_dataset()} ok")
-        except data.DatasetError as err:
+            print(f"{reference.weights_file().name}: ok\n{reference.describe_weights()}")
+        except (data.DatasetError, reference.WeightsError) as err:
             print(err, file=sys.stderr)
             return 1
     return 0
@@ -102,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true", help="refresh the table in the README")
     p.add_argument("--check", action="store_true", help="exit 1 if the README's table is stale")
     p.set_defaults(func=_catalogue)
-    p = sub.add_parser("data", help="verify, rebuild or export the embedded dataset")
+    p = sub.add_parser("data", help="verify, rebuild or export the embedded dataset and the shipped weights")
     p.add_argument("--rebuild", action="store_true", help="regenerate the file with the generator")
+    p.add_argument("--rebuild-weights", action="store_true",
+                   help="retrain the shipped reference and backbone weights (data/ptlab_weights_v1.pt)")
     p.add_argument("--export", metavar="DIR", help="write an ImageFolder tree of PNGs to DIR")
     p.add_argument("--test", action="store_true", help="export the test split instead of train")
     p.set_defaults(func=_data)
@@ -114,11 +119,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", default=["notebooks"])
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown, for the README")
     p.set_defaults(func=_bench)
+    p = sub.add_parser("train", add_help=False, help="the reference training script (python -m ptlab train --help)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _train(args.args))
     return parser
+
+
+def _train(argv: list[str]) -> int:
+    from .train_script import main as train_main
+
+    return train_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m ptlab` and the `ptlab` script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # every option after `train` (--help included) is the training script's
+        return _train(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

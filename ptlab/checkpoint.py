@@ -110,6 +110,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
                     map_location: str | torch.device = "cpu", restore_random: bool = True) -> Checkpoint:
     """Load a checkpoint into model (strict), optimizer, scheduler and generators, with weights_only=True.
 
+    A DistributedDataParallel or DataParallel wrapper is loaded through its .module, as it was saved.
     map_location="cpu" (the default) loads a checkpoint written on a GPU on a machine without one;
     the optimizer's state then follows the model's parameters to wherever the model is.
     """
@@ -120,6 +121,8 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a ptlab checkpoint (format {FORMAT!r}); "
                          "for a bare state_dict use model.load_state_dict(torch.load(path, weights_only=True))")
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        model = model.module  # the file holds the plain model's keys (see save_checkpoint)
     model.load_state_dict(state["model"])
     for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
         if target is not None:

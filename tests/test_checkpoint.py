@@ -144,3 +144,15 @@ def test_loading_names_what_is_wrong(tmp_path):
         save_checkpoint(tmp_path / "x.pt", model, epoch=-1)
     with pytest.raises(RuntimeError, match="Missing key"):
         load_checkpoint(tmp_path / "model-only.pt", nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_a_wrapped_model_saves_and_loads_the_plain_keys(tmp_path):
+    """DataParallel stands in for DDP (same .module wrapper; DDP needs a process group, see test_distributed)."""
+    torch.manual_seed(0)
+    source, target = nn.Linear(3, 2), nn.Linear(3, 2)
+    save_checkpoint(tmp_path / "wrapped.pt", nn.DataParallel(source), epoch=1)
+    saved = torch.load(tmp_path / "wrapped.pt", weights_only=True)["model"]
+    assert sorted(saved) == ["bias", "weight"]  # no 'module.' prefix
+    load_checkpoint(tmp_path / "wrapped.pt", nn.DataParallel(target), restore_random=False)
+    assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
+    load_checkpoint(tmp_path / "wrapped.pt", nn.Linear(3, 2), restore_random=False)  # and into a plain model

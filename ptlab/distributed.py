@@ -1,0 +1,588 @@
+"""Real torch.distributed on one machine: start ranks with a timeout, gather what each returns, read the launcher.
+
+Two ways to start N ranks, both real processes in one gloo process group (nccl on GPUs):
+
+- `run_ranks(fn, world_size=2, **kwargs)` starts them with torch.multiprocessing from Python (a notebook,
+  a test). Each rank joins the group, calls fn(**kwargs) and returns a picklable value; the parent gets
+  the values in rank order. `fn` is sent to the ranks by name, so it must live in an importable module.
+- `run_torchrun(target, nproc=2)` runs `python -m torch.distributed.run ... target` in a subprocess and
+  captures its output: the launcher a training script uses, on one machine or several.
+
+Both pick a free port (bind to port 0), give each rank its own threads (OMP_NUM_THREADS), and stop
+everything after `timeout_s`, so nothing can hang a notebook or CI. The rest are the worker functions
+chapter 7 runs in its ranks, and the measured 1-vs-2-process timing with its labelled scaling estimate.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import pickle
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+START_METHODS = ("forkserver", "spawn")
+# Imported once by the fork server, so each rank starts by fork in a fraction of a second, not ~3 s.
+_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "ptlab.distributed", "ptlab.checkpoint",
+            "ptlab.models"]  # DistributedDataParallel imports torch._dynamo (~2 s) when first built
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago: the OS picks it when we bind to port 0."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def clean_error(text: str) -> str:
+    """One error line without this machine's paths or gloo's source location ('[.../pair.cc:561] ')."""
+    text = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", text.strip())
+    text = re.sub(r" from '[^']*'", "", text)            # <module '__mp_main__' from '/path/x.py'>
+    text = re.sub(r"\[(127\.0\.0\.1|localhost)\]:\d+", r"[\1]:PORT", text)   # a peer's port differs every run
+    return re.sub(r"(?:/[\w.\-]+)+/([\w.\-]+\.py)", r"\1", text)
+
+
+def last_error_line(text: str) -> str | None:
+    """The last 'SomeError: message' line of a traceback or log, cleaned; None if there is none."""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in text.splitlines()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b(: |$)", line)]
+    return clean_error(errors[-1]) if errors else None
+
+
+@dataclass
+class RankRun:
+    """What run_ranks saw: each rank's return value and output, the first failure, and the time it took."""
+
+    world_size: int
+    results: list[Any]
+    outputs: list[str]
+    seconds: float
+    errors: dict[int, str] = field(default_factory=dict)   # rank -> its error line, first failure first
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Every rank returned and none failed."""
+        return not self.errors and not self.timed_out
+
+    @property
+    def failed_rank(self) -> int | None:
+        """The rank that failed first (the root cause), or None."""
+        return next(iter(self.errors), None)
+
+    @property
+    def error(self) -> str | None:
+        """The first failing rank's error line, or the timeout, or None."""
+        if self.errors:
+            return self.errors[self.failed_rank]
+        return "timed out" if self.timed_out else None
+
+    def raise_on_failure(self) -> "RankRun":
+        """This run if every rank returned; otherwise a RuntimeError with each rank's error and last output."""
+        if self.ok:
+            return self
+        tails = "".join(f"\n  rank {r} output: {out.strip()[-300:]}" for r, out in enumerate(self.outputs) if out.strip())
+        raise RuntimeError(f"the ranks failed: {self.errors or 'timed out'}{tails}")
+
+
+@contextlib.contextmanager
+def _fds_to(path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at a file for the block: child processes started in it inherit them."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
+
+
+def _check_importable(fn: Callable) -> None:
+    import importlib
+
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    found = None
+    if module not in (None, "__main__") and "<" not in name:
+        with contextlib.suppress(Exception):
+            found = importlib.import_module(module)
+            for part in name.split("."):
+                found = getattr(found, part)
+    if found is not fn:
+        raise ValueError(f"{getattr(fn, '__name__', fn)!r} cannot be imported by name from {module!r}: each rank "
+                         "is a new process that imports the function it runs, so define it in a module (a .py "
+                         "file), not in a notebook or inside another function")
+
+
+def _rank_main(local_rank: int, world_size: int, port: int, fn: Callable, kwargs: dict, folder: str,
+               threads: int, collective_timeout_s: float, rendezvous_timeout_s: float) -> None:
+    """Entry point of each rank: its own output file, one process group, fn(**kwargs), the result to a file."""
+    out = os.open(Path(folder, f"rank{local_rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(local_rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), OMP_NUM_THREADS=str(threads))
+    torch.set_num_threads(threads)
+    try:
+        # The store waits for every rank to arrive (a slow start is not a failure); the group's own
+        # timeout then bounds each collective.
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=local_rank == 0,
+                              timeout=datetime.timedelta(seconds=rendezvous_timeout_s))
+        dist.init_process_group("gloo", store=store, rank=local_rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+        dist.barrier()  # all connected: a rank done at once must not close its sockets under a peer still connecting
+        result = fn(**kwargs)
+    except BaseException as err:
+        line = clean_error(f"{type(err).__name__}: {err}".splitlines()[0])
+        Path(folder, f"rank{local_rank}.error").write_text(json.dumps({"time": time.time(), "line": line}))
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    with open(Path(folder, f".rank{local_rank}.tmp"), "wb") as handle:
+        pickle.dump(result, handle)
+    os.replace(Path(folder, f".rank{local_rank}.tmp"), Path(folder, f"rank{local_rank}.pkl"))
+    dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 60.0, threads: int = 1,
+              collective_timeout_s: float = 30.0, start_method: str = "forkserver", **kwargs: Any) -> RankRun:
+    """Start `world_size` processes in one gloo group, run fn(**kwargs) in each, return their results in rank order.
+
+    The first rank that raises ends the job: the others are stopped and `errors` names the root cause.
+    After `timeout_s` every rank is stopped and `timed_out` is True. `collective_timeout_s` is the process
+    group's own timeout (how long a collective waits for a peer; joining the group may take up to timeout_s).
+    "forkserver" (Python 3.14's default on Linux) forks each rank from a server that imported torch once;
+    "spawn" starts a fresh interpreter (the default on macOS and Windows). Both send `fn` by name, so it
+    must be importable. The fork server is multiprocessing's own, one per Python process: the first
+    forkserver call starts it with torch preloaded and its output sent to /dev/null.
+    """
+    import multiprocessing
+
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    for name, value in (("world_size", world_size), ("threads", threads)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value in (("timeout_s", timeout_s), ("collective_timeout_s", collective_timeout_s)):
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method == "forkserver":
+        from multiprocessing import forkserver
+
+        _check_importable(fn)  # a forkserver child cannot report a failed import: refuse here, clearly
+        multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+        with _fds_to(Path(os.devnull)):  # the server's own output (none expected) never reaches a notebook cell
+            forkserver.ensure_running()
+    args = (fn, kwargs, world_size, threads, collective_timeout_s, timeout_s, start_method)
+    run = _launch(*args)
+    if any("address already in use" in line.lower() for line in run.errors.values()):
+        run = _launch(*args)       # the free port was taken between picking and binding it: once more
+    return run
+
+
+def _launch(fn: Callable, kwargs: dict, world_size: int, threads: int, collective_timeout_s: float,
+            timeout_s: float, start_method: str) -> RankRun:
+    """One start of the ranks on a fresh free port; waits, stops and collects (see run_ranks)."""
+    from multiprocessing.connection import wait
+
+    import torch.multiprocessing as tmp
+
+    with tempfile.TemporaryDirectory(prefix="ptlab-ranks-") as folder:
+        launch_log = Path(folder, "launch.log")
+        start = time.perf_counter()
+        with _fds_to(launch_log):  # a rank that dies before its first line (spawn's import of fn) lands here
+            context = tmp.start_processes(
+                _rank_main, args=(world_size, free_port(), fn, kwargs, folder, threads, collective_timeout_s,
+                                  timeout_s), nprocs=world_size, join=False, start_method=start_method)
+        procs, deadline, timed_out = context.processes, start + timeout_s, False
+        while any(p.exitcode is None for p in procs) and not any(p.exitcode for p in procs):
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                timed_out = True
+                break
+            wait([p.sentinel for p in procs if p.exitcode is None], timeout=min(left, 1.0))
+        seconds = time.perf_counter() - start
+        _stop(procs)
+        results, outputs, failures = [], [], []
+        for rank, proc in enumerate(procs):
+            base = Path(folder, f"rank{rank}")
+            results.append(pickle.loads(base.with_suffix(".pkl").read_bytes())
+                           if base.with_suffix(".pkl").exists() else None)
+            outputs.append(base.with_suffix(".log").read_text() if base.with_suffix(".log").exists() else "")
+            if base.with_suffix(".error").exists():
+                info = json.loads(base.with_suffix(".error").read_text())
+                failures.append((info["time"], rank, info["line"]))
+            elif proc.exitcode not in (0, None, -signal.SIGTERM, -signal.SIGKILL):
+                line = last_error_line(launch_log.read_text()) or f"exited with code {proc.exitcode}"
+                failures.append((0.0, rank, line))   # died before or outside Python's error handling
+        errors = {rank: line for _, rank, line in sorted(failures)}
+    return RankRun(world_size, results, outputs, seconds, errors, timed_out)
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM every rank still alive, then SIGKILL after a short grace period."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    end = time.perf_counter() + 3.0
+    for proc in procs:
+        proc.join(timeout=max(0.0, end - time.perf_counter()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+# ---------------------------------------------------------------- torchrun in a subprocess
+
+@dataclass
+class LaunchResult:
+    """A finished (or stopped) torchrun: its exit code, captured output and wall time."""
+
+    command: list[str]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def root_cause_rank(self) -> int | None:
+        """The rank torchrun reports as the first failure, or None."""
+        match = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", self.stderr, re.S)
+        return int(match.group(1)) if match else None
+
+    def error_of(self, rank: int) -> str | None:
+        """The last error line of `rank`'s traceback (torchrun prefixes each of its lines with '[rankN]:')."""
+        lines = [line for line in self.stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
+        return last_error_line("\n".join(lines))
+
+    @property
+    def usage_errors(self) -> list[str]:
+        """The distinct 'prog: error: ...' lines argparse printed (every rank prints its own)."""
+        return list(dict.fromkeys(line for line in self.stderr.splitlines() if ": error: " in line))
+
+
+def torchrun_command(target: list[str], nproc: int = 2, *, nnodes: int = 1, node_rank: int | None = None,
+                     rdzv_endpoint: str | None = None, python: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run` with c10d rendezvous; `target` is a script and its args, or ['-m', mod, ...]."""
+    if not isinstance(nproc, int) or nproc < 1 or not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nproc and nnodes must be positive ints, got {nproc!r} and {nnodes!r}")
+    endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    command = [python or sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+               f"--nproc-per-node={nproc}"]
+    if node_rank is not None:
+        command.append(f"--node-rank={node_rank}")
+    return command + ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", *target]
+
+
+def multinode_command(nnodes: int = 2, nproc: int = 8, endpoint: str = "node0.example:29500",
+                      target: str = "-m ptlab train --epochs 30") -> str:
+    """The command to type on every machine of a multi-node job (same line everywhere, --node-rank aside)."""
+    return (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc} --node-rank=<0..{nnodes - 1}> "
+            f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=job42 {target}")
+
+
+def shown_command(command: list[str]) -> str:
+    """A command as text for a notebook: 'python' for this interpreter, PORT for the free port picked."""
+    text = " ".join(["python", *command[1:]]) if command and command[0] == sys.executable else " ".join(command)
+    return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
+
+
+def mask_figures(text: str) -> str:
+    """Mark every decimal figure in a script's output as measured ('≈0.8123'), so a notebook can show it."""
+    return re.sub(r"(?<![\w.≈])(\d+\.\d+)", r"≈\1", text)
+
+
+def run_torchrun(target: list[str], nproc: int = 2, *, timeout_s: float = 120.0, cwd: str | Path | None = None,
+                 env: dict[str, str] | None = None, threads: int = 1) -> LaunchResult:
+    """Run `torchrun --nproc-per-node=nproc target` on this machine with a free port; kill it all after timeout_s."""
+    result = _torchrun_once(target, nproc, timeout_s, cwd, env, threads)
+    if "address already in use" in result.stderr.lower() and result.returncode != 0:
+        result = _torchrun_once(target, nproc, timeout_s, cwd, env, threads)   # the port was taken meanwhile
+    return result
+
+
+def _torchrun_once(target: list[str], nproc: int, timeout_s: float, cwd: str | Path | None,
+                   env: dict[str, str] | None, threads: int) -> LaunchResult:
+    command = torchrun_command(target, nproc)
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
+    root = str(Path(__file__).resolve().parent.parent)          # ptlab importable from any cwd
+    environment["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [environment.get("PYTHONPATH")])])
+    if cwd is not None:
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)   # its own process group: the workers too
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    return LaunchResult(command, proc.returncode, stdout, stderr, time.perf_counter() - start, timed_out)
+
+
+# ---------------------------------------------------------------- worker functions the chapter runs in its ranks
+
+def _mlp(batchnorm: bool = False) -> nn.Sequential:
+    torch.manual_seed(0)                                   # the same initial weights on every rank
+    middle = [nn.BatchNorm1d(32)] if batchnorm else []
+    return nn.Sequential(nn.Linear(8, 32), *middle, nn.Tanh(), nn.Linear(32, 3))
+
+
+def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def checksum(model: nn.Module) -> tuple[float, str]:
+    """Sum of every parameter (float64) and a sha256 of their bytes: equal hashes mean identical bits."""
+    tensors = [p.detach().cpu().contiguous() for p in model.parameters()]
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()
+    return float(sum(t.double().sum() for t in tensors)), digest[:16]
+
+
+def describe_rank() -> dict[str, Any]:
+    """Who this rank is: rank, world size, backend, LOCAL_RANK and its thread count."""
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+            "local_rank": int(os.environ["LOCAL_RANK"]), "threads": torch.get_num_threads()}
+
+
+def train_and_gather_checksums(steps: int = 5, wrap: bool = True) -> list[tuple[float, str]]:
+    """Train the same MLP on this rank's own data for `steps`; return every rank's checksum (all_gather_object).
+
+    wrap=True trains it inside DistributedDataParallel (gradients all-reduced); wrap=False trains it alone.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp()) if wrap else _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(64, seed=100 + dist.get_rank())           # each rank its own batches
+    for i in range(steps):
+        loss = nn.functional.cross_entropy(model(X[i * 8:(i + 1) * 8]), y[i * 8:(i + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()                                    # DDP: gradients averaged over the ranks here
+        optimizer.step()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, checksum(model))
+    return gathered
+
+
+def sampler_shards(n: int = 11, shuffle: bool = False, epochs: int = 1) -> dict[str, list]:
+    """This rank's DistributedSampler indices for a dataset of n items, padded (default) and with drop_last."""
+    from torch.utils.data import DistributedSampler
+
+    shards = {}
+    for drop_last in (False, True):
+        sampler = DistributedSampler(range(n), shuffle=shuffle, drop_last=drop_last, seed=0)
+        orders = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            orders.append(list(sampler))
+        shards["drop_last" if drop_last else "padded"] = orders
+    return shards
+
+
+def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm: bool = False) -> float | None:
+    """DDP with each rank on its slice of the batch, against one model on the whole batch (computed on rank 0).
+
+    Returns, on rank 0, the largest |difference| between the two models' weights after `steps` SGD steps.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if global_batch % world:
+        raise ValueError(f"global_batch {global_batch} must divide by the world size {world}")
+    per_rank = global_batch // world
+    ddp = DDP(_mlp(batchnorm))
+    single = _mlp(batchnorm)                               # what one process with the whole batch trains
+    opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    opt_single = torch.optim.SGD(single.parameters(), lr=0.5)
+    X, y = _data(global_batch * steps, seed=7)             # the same data on every rank
+    for step in range(steps):
+        Xb, yb = X[step * global_batch:(step + 1) * global_batch], y[step * global_batch:(step + 1) * global_batch]
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)  # (B/world,) rows of this rank
+        opt_ddp.zero_grad()
+        nn.functional.cross_entropy(ddp(Xb[mine]), yb[mine]).backward()
+        opt_ddp.step()
+        opt_single.zero_grad()
+        nn.functional.cross_entropy(single(Xb), yb).backward()
+        opt_single.step()
+    if rank != 0:
+        return None
+    return max((a - b).abs().max().item() for a, b in zip(ddp.module.parameters(), single.parameters()))
+
+
+def save_on_rank_zero(folder: str) -> dict[str, Any]:
+    """Train a step, save model.module.state_dict() on rank 0 only, barrier, then every rank loads it and compares."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .checkpoint import atomic_save
+
+    rank = dist.get_rank()
+    model = DDP(_mlp())
+    X, y = _data(16, seed=rank)
+    nn.functional.cross_entropy(model(X), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    path = Path(folder, "model.pt")
+    if rank == 0:                                          # one writer
+        atomic_save(model.module.state_dict(), path)      # plain keys: no 'module.' prefix
+        with open(Path(folder, "train.log"), "a") as log:
+            log.write(f"saved {path.name}\n")
+    dist.barrier()                                         # nobody reads before rank 0 has written
+    plain = _mlp()
+    plain.load_state_dict(torch.load(path, weights_only=True))   # strict=True
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.module.parameters()))
+    return {"rank": rank, "first key": next(iter(plain.state_dict())), "loaded equals my weights": same}
+
+
+def fail_on_rank(fail_rank: int = 1, fail_at_step: int = 2, steps: int = 5) -> int:
+    """DDP training in which `fail_rank` raises at `fail_at_step`; returns the steps this rank completed."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())
+    for step in range(steps):
+        if dist.get_rank() == fail_rank and step == fail_at_step:
+            raise ValueError(f"rank {fail_rank}: corrupt batch at step {step}")
+        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()                                    # the other rank waits here for the failed one
+        optimizer.step()
+    return steps
+
+
+def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 4) -> int:
+    """DDP training in which rank 0 alone runs one more forward through the DDP model after every step.
+
+    Returns the steps completed. Whether that breaks the job depends on the collectives DDP issues in
+    forward: with BatchNorm it broadcasts the buffers (broadcast_buffers=True), without it none.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(batchnorm))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())
+    for step in range(steps):
+        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if dist.get_rank() == 0:
+            with contextlib.nullcontext() if grad else torch.no_grad():
+                model(X[:2])                               # rank 0 only: an extra forward through DDP
+    dist.barrier()
+    return steps
+
+
+# ---------------------------------------------------------------- timing 1 vs 2 processes, and an estimate
+
+def time_training(global_batch: int = 64, steps: int = 4, width: int = 16) -> dict[str, float]:
+    """In each rank: wall and CPU seconds per DDP step, seconds per compute-only step (no_sync) and per all-reduce."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .models import SmallCNN
+
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = DDP(SmallCNN(width=width))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    X = torch.randn(global_batch // world, 3, 32, 32, generator=g)     # (B/world, 3, 32, 32)
+    y = torch.randint(0, 10, (global_batch // world,), generator=g)
+
+    def step(sync: bool) -> None:
+        with contextlib.nullcontext() if sync else model.no_sync():
+            loss = nn.functional.cross_entropy(model(X), y)
+            optimizer.zero_grad()
+            loss.backward()                                # with sync: the gradients are all-reduced here
+        optimizer.step()
+
+    grads = torch.zeros(sum(p.numel() for p in model.parameters()))   # (P,) all gradients in one buffer
+    timings: dict[str, list[float]] = {"step": [], "step cpu": [], "compute": [], "allreduce": []}
+    for i in range(steps + 1):                             # the first round warms up, untimed
+        for name, run in (("step", lambda: step(True)), ("compute", lambda: step(False)),
+                          ("allreduce", lambda: dist.all_reduce(grads))):
+            dist.barrier()
+            start, cpu = time.perf_counter(), time.process_time()
+            run()
+            if i:
+                timings[name].append(time.perf_counter() - start)
+                if name == "step":
+                    timings["step cpu"].append(time.process_time() - cpu)
+    result = {name: sorted(values)[len(values) // 2] for name, values in timings.items()}
+    result["gradient MB"] = grads.numel() * 4 / 1e6
+    return result
+
+
+@dataclass
+class ScalingResult:
+    """1 process against `world_size` processes on the same global batch, 1 thread each, measured in turns."""
+
+    one: dict[str, float]
+    many: dict[str, float]
+    world_size: int
+    global_batch: int
+
+    @property
+    def speedup(self) -> float:
+        """Wall time per step of 1 process over that of the multi-process run (> 1: the ranks were faster)."""
+        return self.one["step"] / self.many["step"]
+
+    @property
+    def cpu_ratio(self) -> float:
+        """CPU seconds per global batch, all ranks together, over those of 1 process (>= 1: no work saved)."""
+        return self.many["step cpu"] * self.world_size / self.one["step cpu"]
+
+    def estimate(self, devices: int) -> float:
+        """ESTIMATED speed-up on `devices` devices each as fast as one rank here: compute / devices + all-reduce.
+
+        Compute per image comes from the measured no_sync steps; the all-reduce time is scaled from the
+        measured one by the ring's 2(k-1)/k of the gradient bytes; no overlap of the two is assumed.
+        """
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive int, got {devices!r}")
+        per_image = self.many["compute"] / (self.global_batch / self.world_size)
+        ring = lambda k: 2 * (k - 1) / k                   # noqa: E731 - bytes each device sends per gradient byte
+        allreduce = self.many["allreduce"] / ring(self.world_size) * ring(devices) if devices > 1 else 0.0
+        single = per_image * self.global_batch
+        return single / (single / devices + allreduce)
+
+
+def measure_scaling(world_size: int = 2, global_batch: int = 64, steps: int = 4, rounds: int = 2,
+                    timeout_s: float = 120.0) -> ScalingResult:
+    """Time 1 process on the whole batch against `world_size` processes on a slice each, in alternating turns."""
+    runs: dict[int, list[dict[str, float]]] = {1: [], world_size: []}
+    for _ in range(rounds):
+        for size in (1, world_size):
+            run = run_ranks(time_training, size, timeout_s=timeout_s, global_batch=global_batch, steps=steps)
+            if not run.ok:
+                raise RuntimeError(f"timing run with {size} processes failed: {run.error}")
+            runs[size].append(run.results[0])
+    best = {size: {k: min(r[k] for r in rs) for k in rs[0]} for size, rs in runs.items()}
+    return ScalingResult(best[1], best[world_size], world_size, global_batch)

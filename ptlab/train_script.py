@@ -1,0 +1,202 @@
+"""The reference training script: SmallCNN on the embedded data, one command for one process or many.
+
+  python -m ptlab train --epochs 3                               # one process
+  torchrun --nproc-per-node=2 -m ptlab train --epochs 3          # 2 processes on this machine
+  torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0 --rdzv-backend=c10d \\
+           --rdzv-endpoint=node0:29500 -m ptlab train --epochs 30  # the same on every machine, its own rank
+
+Under torchrun every process runs this file; RANK, LOCAL_RANK and WORLD_SIZE say which one it is. Rank 0
+alone prints, shows the progress bar, writes checkpoints and the run log; --batch-size is the global batch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from .checkpoint import load_checkpoint
+from .core import get_device
+from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
+from .experiments import log_run
+from .models import SmallCNN
+from .train import History, evaluate, fit
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help, and the description's examples as written."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every option, with its default shown in --help."""
+    p = argparse.ArgumentParser(prog="python -m ptlab train", description=__doc__, formatter_class=Formatter)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs of the whole run, those done before a resume included (None: 3, or 1 with --dry-run)")
+    p.add_argument("--batch-size", type=int, default=128, help="global batch, split evenly across the processes")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=5e-4, help="AdamW weight decay")
+    p.add_argument("--width", type=int, default=32, help="SmallCNN channels in its first stage")
+    p.add_argument("--dataset", choices=DATASET_NAMES, default="embedded", help="training data")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of the training split kept for validation")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True, help="random crop and flip")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the split and the shuffling")
+    p.add_argument("--checkpoint-dir", default="checkpoints", help="last.pt every epoch, best.pt on a new best")
+    p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
+    p.add_argument("--runs-dir", default="runs", help="the experiment log (runs.jsonl) goes here")
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
+                   help="mixed precision where it pays: float16 autocast + GradScaler on CUDA; none on the CPU")
+    p.add_argument("--cpu-bf16", action="store_true",
+                   help="bfloat16 autocast on the CPU (faster only with native bf16, e.g. AVX-512 BF16 or AMX)")
+    p.add_argument("--profile", action="store_true", help="rank 0 profiles 5 steps of a copy of the model first")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective waits for the other ranks")
+    p.add_argument("--dry-run", action="store_true", help="a few batches per epoch: check the setup (CI)")
+    p.add_argument("--fail-rank", type=int, default=None,
+                   help="testing: this rank raises at its second batch, to check that the whole job ends")
+    return p
+
+
+class EpochSettingLoader:
+    """A DataLoader that calls sampler.set_epoch(n) before its n-th pass, so a DistributedSampler reshuffles."""
+
+    def __init__(self, loader: DataLoader, first_epoch: int = 0, fail_rank: int | None = None) -> None:
+        self.loader, self.epoch, self.fail_rank = loader, first_epoch, fail_rank
+
+    def __iter__(self):
+        if hasattr(self.loader.sampler, "set_epoch"):
+            self.loader.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        for i, batch in enumerate(self.loader):
+            if i == 1 and self.fail_rank == int(os.environ.get("RANK", 0)):
+                raise RuntimeError(f"rank {self.fail_rank} failed on purpose (--fail-rank)")
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)              # fit checkpoints loader.generator, for instance
+
+
+def setup_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
+    """(rank, world size, device). Under torchrun, join the process group: nccl on GPUs, gloo on the CPU."""
+    if "RANK" not in os.environ:                       # a plain `python -m ptlab train`
+        return 0, 1, get_device()
+    rank, world, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)                  # before the group makes any CUDA tensor
+        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool):
+    """(GradScaler or None, autocast dtype or None, description), chosen by the device."""
+    if device.type == "cuda" and amp:
+        return torch.amp.GradScaler("cuda"), torch.float16, "float16 autocast + GradScaler"
+    if device.type == "cpu" and cpu_bf16:
+        return None, torch.bfloat16, "bfloat16 autocast"
+    return None, None, "off" + (" (--cpu-bf16 to use bfloat16)" if device.type == "cpu" else "")
+
+
+def make_loaders(args: argparse.Namespace, rank: int, world: int):
+    """Train (sharded across ranks), validation and test loaders; dry runs take a few batches."""
+    train_set = load_dataset(True, make_transform(augment=args.augment), name=args.dataset)
+    plain_set = load_dataset(True, make_transform(), name=args.dataset)        # validation: no augmentation
+    train_idx, val_idx = train_val_split(train_set.targets, args.val_fraction, seed=args.seed)
+    if args.dry_run:
+        train_idx, val_idx = train_idx[:4 * args.batch_size], val_idx[:args.batch_size]
+    train = Subset(train_set, train_idx)
+    per_rank = args.batch_size // world
+    if world > 1:                                      # each rank its own disjoint shard, reshuffled each epoch
+        sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = DataLoader(train, batch_size=per_rank, sampler=sampler, num_workers=args.workers)
+    else:
+        loader = DataLoader(train, batch_size=per_rank, shuffle=True, num_workers=args.workers,
+                            generator=torch.Generator().manual_seed(args.seed))
+    val = DataLoader(Subset(plain_set, val_idx), batch_size=256)
+    test_set = load_dataset(False, make_transform(), name=args.dataset)
+    test = DataLoader(Subset(test_set, range(256)) if args.dry_run else test_set, batch_size=256)
+    return EpochSettingLoader(loader, fail_rank=args.fail_rank), val, test
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Train, checkpoint and log; returns the exit code."""
+    folder = Path(args.checkpoint_dir)
+    if args.resume and not (folder / "last.pt").is_file():
+        parser.error(f"--resume: no checkpoint at {folder / 'last.pt'}; run once without --resume first")
+    if args.batch_size < int(os.environ.get("WORLD_SIZE", 1)):
+        parser.error(f"--batch-size {args.batch_size} is smaller than the world size {os.environ['WORLD_SIZE']}: "
+                     "every process needs at least one example per step")
+    rank, world, device = setup_distributed(args.timeout)
+    main = rank == 0
+    say = print if main else (lambda *a, **k: None)
+    epochs = args.epochs or (1 if args.dry_run else 3)
+    train_loader, val_loader, test_loader = make_loaders(args, rank, world)
+    scaler, autocast_dtype, amp_text = amp_settings(device, args.amp, args.cpu_bf16)
+    say(f"world size {world} ({dist.get_backend() if world > 1 else 'one process'}), device {device.type}, "
+        f"batch {args.batch_size // world} per rank ({args.batch_size // world * world} in all), AMP: {amp_text}")
+    say(f"{len(train_loader.dataset)} training images, {len(val_loader.dataset)} validation, "
+        f"{len(test_loader.dataset)} test" + (" (dry run: a few batches per epoch)" if args.dry_run else ""))
+
+    torch.manual_seed(args.seed)                       # the same initial weights on every rank
+    model = SmallCNN(width=args.width).to(device)      # (B, 3, 32, 32) -> (B, 10)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    history = None
+    if args.resume:                                    # every rank reads the same file; the plain model's keys
+        state = load_checkpoint(folder / "last.pt", model, optimizer, map_location=device)
+        history = History(**state.extra["history"])
+        say(f"resumed from {folder / 'last.pt'} after epoch {state.epoch}")
+    if args.profile and main:                          # a copy, on rank 0 only: no collective involved
+        from .profiling import profile_training
+
+        probe = copy.deepcopy(model)
+        print(profile_training(probe, train_loader.loader, torch.optim.AdamW(probe.parameters()), steps=5))
+    if world > 1:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    done = len(history) if history is not None else 0
+    train_loader.epoch = done                          # set_epoch continues where the run stopped
+    if epochs > done:
+        history = fit(model, train_loader, val_loader, optimizer, epochs=epochs - done, history=history,
+                      device=device, scaler=scaler, autocast_dtype=autocast_dtype, progress=main,
+                      checkpoint_dir=folder if main else None)   # rank 0 alone writes checkpoints
+    if main:                                           # evaluation and the log: rank 0, on the plain model
+        plain = model.module if isinstance(model, DDP) else model
+        test = evaluate(plain, test_loader, device=device)
+        for e, tl, va in zip(history.epoch, history.train_loss, history.val_acc):
+            print(f"epoch {e}: train loss {tl:.4f}, validation accuracy {va:.4f}")
+        config = {**{k: v for k, v in vars(args).items() if k != "fail_rank"}, "world_size": world,
+                  "device": device.type, "amp": amp_text}
+        logged = log_run(config, {"val_acc": history.val_acc[-1], "test_acc": test["acc"]}, history=history,
+                         checkpoint=folder / "best.pt", runs_dir=args.runs_dir)
+        print(f"test accuracy {test['acc']:.4f}; checkpoints in {folder}; logged as {logged.name} in "
+              f"{Path(args.runs_dir) / 'runs.jsonl'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m ptlab train` (and of every process torchrun starts)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("epochs", "batch_size", "width"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    try:
+        return run(args, parser)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
