@@ -84,12 +84,28 @@ def _cpu_instructions() -> Check:
     return Check("CPU instructions", f"{capability} kernels, {bf16}", required=False)
 
 
-def _compiler() -> Check:
-    cc = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
-    if cc:
-        return Check("C++ compiler (torch.compile on CPU)", cc.rsplit("/", 1)[-1])
-    return Check("C++ compiler (torch.compile on CPU)", "not found", ok=False, required=False,
-                 fix="install g++ (Debian/Ubuntu: apt install g++; macOS: xcode-select --install) for chapter 8 (torch.compile)")
+INDUCTOR_COMPILER = "C++ compiler (torch.compile on CPU)"
+_COMPILER_FIX = ("install a C++ compiler for chapter 8 (Debian/Ubuntu: sudo apt install g++; Fedora: sudo dnf install "
+                 "gcc-c++; macOS: xcode-select --install; Windows: Visual Studio Build Tools); until then "
+                 "torch.compile(backend='eager'), torch.export and ONNX export still work")
+
+
+def inductor_compiler_check() -> Check:
+    """Whether Inductor, torch.compile's default backend, finds a C++ compiler that runs (it builds C++ on CPU)."""
+    import subprocess
+
+    names = [os.environ.get("CXX", "").split(" ")[0]] + ["g++", "clang++", "c++"]
+    found = next((shutil.which(n) for n in names if n and shutil.which(n)), None)
+    if found is None:
+        return Check(INDUCTOR_COMPILER, "not found (looked for $CXX, g++, clang++, c++)", ok=False, required=False,
+                     fix=_COMPILER_FIX)
+    name = os.path.basename(found)
+    try:
+        subprocess.run([found, "--version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as err:
+        return Check(INDUCTOR_COMPILER, f"{name} found but does not run ({type(err).__name__})", ok=False,
+                     required=False, fix=_COMPILER_FIX)
+    return Check(INDUCTOR_COMPILER, name)
 
 
 def _dataset() -> Check:
@@ -130,7 +146,7 @@ def run_checks() -> list[Check]:
         _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
         device_check,
         _bf16_autocast(device),
-        _compiler(),
+        inductor_compiler_check(),
         Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
               required=False),
         _cpu_instructions(),

@@ -67,6 +67,32 @@ def test_doctor_reports_a_bad_device_setting_as_a_fail_line():
     assert "-> unset PTLAB_DEVICE" in result.stdout and "NOT READY" in result.stdout
 
 
+def test_doctor_warns_with_the_fix_when_no_cpp_compiler_is_found(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env["PATH"] = str(tmp_path)                      # an empty directory: no g++, clang++ or c++ on it
+    result = subprocess.run([sys.executable, "-m", "ptlab", "doctor"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "[warn] C++ compiler (torch.compile on CPU)  not found" in result.stdout
+    assert "-> install a C++ compiler for chapter 8 (Debian/Ubuntu: sudo apt install g++" in result.stdout
+    assert result.returncode == 0 and "READY" in result.stdout, "chapter 8 needs it; the rest of the course does not"
+
+
+def test_doctor_reports_a_compiler_that_does_not_run(monkeypatch, tmp_path):
+    from ptlab import doctor
+
+    broken = tmp_path / "g++"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    check = doctor.inductor_compiler_check()
+    assert not check.ok and not check.required
+    assert check.finding == "g++ found but does not run (CalledProcessError)" and "apt install g++" in check.fix
+
+
 def test_readme_catalogue_is_current():
     from ptlab.pitfalls import all_pitfalls
 

@@ -1,0 +1,270 @@
+"""torch.compile measured honestly: compile time, speed-up after warm-up, break-even, graph breaks, recompiles.
+
+Every speed figure here is measured side by side on this machine (`ptlab.timing.compare`); what a
+notebook claims about it is a ratio with a wide margin, never an absolute time.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import logging
+import math
+import time
+import types
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .claims import measured, measured_seconds
+from .timing import compare
+
+# Loggers that print compile-time notes to stderr (a missing CUDA runtime, a graph break from .item(),
+# a recompile limit); quiet_compile_logs() silences them for the duration of a block only.
+_NOISY_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension", "torch.fx.experimental")
+
+
+@contextlib.contextmanager
+def quiet_compile_logs(level: int = logging.ERROR):
+    """Raise the level of torch's compile loggers inside the block; restore it afterwards."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, old in zip(loggers, before):
+            lg.setLevel(old)
+
+
+def use_inductor_cache_per_cpu_capability() -> str:
+    """Give Inductor's on-disk cache a directory per CPU capability (under the temp dir); return its name.
+
+    In torch 2.14 the cache can hand back C++ generated for one vector ISA after ATEN_CPU_CAPABILITY
+    selected another, and the build then fails ('at::vec has not been declared'). A directory per
+    capability keeps each cache warm and right. A TORCHINDUCTOR_CACHE_DIR already set is left alone.
+    Call it before the first compile.
+    """
+    import getpass
+    import os
+    import re
+    import tempfile
+
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        try:
+            user = re.sub(r"[^A-Za-z0-9_.-]", "_", getpass.getuser())
+        except (KeyError, OSError):   # no user name (some containers)
+            user = "user"
+        name = f"torchinductor_{user}_{torch.backends.cpu.get_cpu_capability().lower()}"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), name)
+    return os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def inductor_vectorizes() -> bool:
+    """Whether Inductor emits SIMD C++ here (False under ATEN_CPU_CAPABILITY=default: scalar code)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    with quiet_compile_logs():
+        return bool(pick_vec_isa())
+
+
+# ----------------------------------------------------------------------------------------------- models
+def make_mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.Sequential:
+    """A 2-hidden-layer MLP: (B, in_features) -> (B, num_classes)."""
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, num_classes))
+
+
+class TinyTransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and an MLP, written with plain ops so that it exports anywhere."""
+
+    def __init__(self, d_model: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        if not isinstance(d_model, int) or not isinstance(heads, int) or heads < 1 or d_model % heads:
+            raise ValueError(f"d_model must be a multiple of heads, got d_model={d_model!r}, heads={heads!r}")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(D, dim=-1)                     # 3 x (B, T, D)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D/H)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, T, D/H)
+        x = x + self.proj(attended.transpose(1, 2).reshape(B, T, D))          # (B, T, D)
+        return x + self.mlp(self.norm2(x))                                    # (B, T, D)
+
+
+# ---------------------------------------------------------------------------------- compile vs eager
+@dataclass(frozen=True)
+class CompileReport:
+    """One model's compile cost and pay-off: first compiled call, then medians of eager and compiled calls."""
+
+    name: str
+    compile_seconds: float     # the first compiled call (tracing, code generation, the C++ build, one run)
+    eager_seconds: float       # median eager call after warm-up
+    compiled_seconds: float    # median compiled call after warm-up
+
+    @property
+    def speedup(self) -> float:
+        """eager / compiled time per call: above 1, compiling made each call faster."""
+        return self.eager_seconds / self.compiled_seconds
+
+    @property
+    def break_even_calls(self) -> float:
+        """Calls after which the compile time is paid back (inf when compiled calls are not faster)."""
+        saved = self.eager_seconds - self.compiled_seconds
+        return math.inf if saved <= 0 else math.ceil(self.compile_seconds / saved)
+
+
+def inference_call(model: nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A no-argument callable: the model's forward on x without autograd."""
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return model(x)
+    return call
+
+
+def training_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = 0.01) -> Callable[[], float]:
+    """A no-argument callable: one SGD step of cross-entropy on (x, y); returns the loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> float:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+    return step
+
+
+def measure_compile(name: str, eager: Callable[[], object], compiled: Callable[[], object], *,
+                    repeats: int = 7, warmup: int = 2) -> CompileReport:
+    """Time the first compiled call, then eager against compiled side by side (interleaved)."""
+    if not (callable(eager) and callable(compiled)):
+        raise TypeError("measure_compile needs two callables: the eager call and the compiled one")
+    with quiet_compile_logs():
+        start = time.perf_counter()
+        compiled()
+        first = time.perf_counter() - start
+        comparison = compare(eager, compiled, warmup=warmup, repeats=repeats, names=("eager", "compiled"))
+    return CompileReport(name, first, comparison.a.median, comparison.b.median)
+
+
+def format_compile_table(reports: Iterable[CompileReport]) -> str:
+    """A left-aligned table: compile time, eager and compiled per call, speed-up, break-even calls.
+
+    A break-even of ≈inf means the compiled calls were not faster in this run: the compile never pays back.
+    """
+    head = f"{'model':<22}{'compile':<12}{'eager/call':<12}{'compiled/call':<15}{'speed-up':<10}break-even calls"
+    lines = [head]
+    for r in reports:
+        lines.append(f"{r.name:<22}{measured_seconds(r.compile_seconds):<12}{measured_seconds(r.eager_seconds):<12}"
+                     f"{measured_seconds(r.compiled_seconds):<15}{measured(r.speedup, 3):<10}"
+                     f"{measured(float(r.break_even_calls), 3)}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- graph breaks
+@dataclass(frozen=True)
+class GraphBreaks:
+    """What torch._dynamo.explain found: graphs, breaks, and each break's reason (its first line)."""
+
+    graph_count: int
+    break_count: int
+    reasons: list[str]
+
+    def __str__(self) -> str:
+        lines = [f"{self.graph_count} graph(s), {self.break_count} break(s)"]
+        lines += [f"  break {i + 1}: {reason}" for i, reason in enumerate(self.reasons)]
+        return "\n".join(lines)
+
+
+def explain_breaks(fn: Callable, *args: object) -> GraphBreaks:
+    """Run torch._dynamo.explain on fn(*args) and keep the counts and each reason's first line.
+
+    What fn prints while it is traced is swallowed; the compile loggers are quiet during the call.
+    """
+    if not callable(fn):
+        raise TypeError(f"explain_breaks needs a callable, got {type(fn).__name__}")
+    with quiet_compile_logs(), contextlib.redirect_stdout(io.StringIO()):
+        result = torch._dynamo.explain(_fresh_copy(fn))(*args)
+    reasons = [str(b.reason).strip().splitlines()[0] for b in result.break_reasons]
+    return GraphBreaks(result.graph_count, result.graph_break_count, reasons)
+
+
+def fullgraph_error(fn: Callable, *args: object) -> str:
+    """The error torch.compile(fullgraph=True) raises on fn(*args), as 'Type: first line'; '' if none."""
+    try:
+        with quiet_compile_logs(), contextlib.redirect_stdout(io.StringIO()):
+            torch.compile(_fresh_copy(fn), backend="eager", fullgraph=True)(*args)
+    except Exception as error:  # dynamo raises torch._dynamo.exc.Unsupported and friends
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first}"
+    return ""
+
+
+# ----------------------------------------------------------------------------------------- recompiles
+_copies = itertools.count()
+
+
+def _fresh_copy(fn: Callable) -> Callable:
+    """A copy of a plain function with its own code object and name, so Dynamo keeps no state from earlier calls.
+
+    Dynamo caches compiled graphs on the code object and remembers which dims changed by function name
+    and line; a fresh copy makes every count start from zero, without torch._dynamo.reset(), which would
+    also throw away every other compiled model in the session.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_copy{next(_copies)}")
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+@dataclass(frozen=True)
+class CompileCount:
+    """How many graphs Dynamo compiled over a sequence of calls (recompiles = graphs - 1)."""
+
+    graphs: int
+    seconds: float
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.graphs - 1, 0)
+
+
+def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
+                   fullgraph: bool = False, mark_dynamic_dims: dict[int, int] | None = None) -> CompileCount:
+    """Compile a plain function with a counting backend, call it on each args tuple, count the graphs.
+
+    The backend runs each captured graph as it is (no Inductor), so counting costs tracing only.
+    `mark_dynamic_dims={arg_index: dim}` calls torch._dynamo.mark_dynamic on that argument of the first call.
+    """
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"count_compiles takes a plain Python function, got {type(fn).__name__}")
+    calls = [tuple(c) for c in calls]
+    if not calls:
+        raise ValueError("count_compiles needs at least one call (a tuple of arguments)")
+    graphs: list[int] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    compiled = torch.compile(_fresh_copy(fn), backend=counting_backend, dynamic=dynamic, fullgraph=fullgraph)
+    for arg_index, dim in (mark_dynamic_dims or {}).items():
+        torch._dynamo.mark_dynamic(calls[0][arg_index], dim)
+    start = time.perf_counter()
+    with quiet_compile_logs():
+        for args in calls:
+            compiled(*args)
+    return CompileCount(len(graphs), time.perf_counter() - start)
