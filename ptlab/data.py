@@ -323,15 +323,17 @@ def to_nchw(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images.copy()).permute(0, 3, 1, 2).contiguous()
 
 
-def normalize_uint8(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images (B, 3, H, W) as float32 scaled to [0, 1] and normalised with the train split's MEAN and STD."""
-    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"images must be a uint8 tensor (B, 3, H, W), got "
-                         f"{getattr(images, 'dtype', type(images).__name__)} of shape "
+def normalize_uint8(images: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> torch.Tensor:
+    """uint8 images (B, C, H, W) as float32 scaled to [0, 1], then normalised per channel (by default with the
+    train split's MEAN and STD), in one vectorised op per batch."""
+    if (not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4
+            or images.shape[1] != len(mean) or len(mean) != len(std)):
+        raise ValueError(f"images must be a uint8 tensor (B, {len(mean)}, H, W) with one mean and std per channel, "
+                         f"got {getattr(images, 'dtype', type(images).__name__)} of shape "
                          f"{tuple(getattr(images, 'shape', ()))}")
-    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
-    return (images.float() / 255 - mean) / std
+    mean_t = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    return (images.float() / 255 - mean_t) / std_t
 
 
 @functools.lru_cache(maxsize=2)

@@ -278,12 +278,10 @@ def skip_none_collate(batch: list[Any]) -> Any:
 
 
 def normalize_batch(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, C, H, W) to normalised float32 in one vectorised op per batch."""
-    if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ValueError(f"images must be uint8 (B, C, H, W), got {images.dtype} {tuple(images.shape)}")
-    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-    return (images.float() / 255 - mean_t) / std_t
+    """uint8 (B, C, H, W) to normalised float32 in one vectorised op per batch (ptlab.data.normalize_uint8)."""
+    from .data import normalize_uint8
+
+    return normalize_uint8(images, mean, std)
 
 
 # ---------------------------------------------------------------- image files, readable or not
