@@ -530,9 +530,10 @@ def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], ow
                                        f"({measured(largest, 2)})"))
 
 
-def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
+    """(device type, address, bytes) of the storage under t: views of one storage share it."""
     storage = t.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
+    return t.device.type, storage.data_ptr(), storage.nbytes()
 
 
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> int:
@@ -543,18 +544,9 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = 
     """
     if not callable(fn):
         raise TypeError(f"saved_tensor_bytes needs a callable, got {type(fn).__name__}")
-    skip = {_storage_key(t) for t in exclude}
-    seen: dict[tuple[int, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in skip:
-            seen[key] = key[1]
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensors(exclude=exclude) as saved:
         fn()
-    return sum(seen.values())
+    return saved.bytes
 
 
 class _SavedRecord:
@@ -569,18 +561,30 @@ class _SavedRecord:
 
 class SavedTensors:
     """Records, with torch.autograd.graph.saved_tensors_hooks, every tensor autograd saves for backward
-    inside `with SavedTensors() as saved:`; afterwards saved.held_bytes() measures how many bytes of them
-    are still alive, i.e. kept by a graph that something still references (each storage counted once).
+    inside `with SavedTensors() as saved:`. Afterwards saved.bytes is what was saved (each storage once),
+    and saved.held_bytes() how many bytes of it are still alive, i.e. kept by a graph that something
+    still references. Storages of `exclude` (the parameters, the input batch: they exist anyway) are
+    left out of `bytes`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._exclude = {storage_key(t) for t in exclude}
+        self._saved: dict[tuple[str, int, int], int] = {}
         self._records: list[weakref.ref] = []
         self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> _SavedRecord:
+        key = storage_key(t)
+        if key not in self._exclude:
+            self._saved[key] = key[-1]
         record = _SavedRecord(t.detach())
         self._records.append(weakref.ref(record))
         return record
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the distinct storages autograd saved inside the block, `exclude` left out."""
+        return sum(self._saved.values())
 
     def __enter__(self) -> "SavedTensors":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda record: record.tensor)
@@ -603,12 +607,12 @@ class SavedTensors:
     def held_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
         """Bytes of saved tensors still alive now, leaving out the storages of `exclude` (weights, inputs)."""
         gc.collect()
-        skip = {_storage_key(t) for t in exclude}
+        skip = {storage_key(t) for t in exclude}
         held: dict[tuple[int, int], int] = {}
         for ref in self._records:
             record = ref()
             if record is not None:
-                key = _storage_key(record.tensor)
+                key = storage_key(record.tensor)
                 if key not in skip:
-                    held[key] = key[1]
+                    held[key] = key[-1]
         return sum(held.values())

@@ -15,50 +15,15 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .diagnose import SavedTensors, storage_key  # SavedTensors: re-exported, chapter 5 imports it from here
+
 MiB = 2**20
-
-
-def _storage_key(t: torch.Tensor) -> tuple:
-    return (t.device.type, t.untyped_storage().data_ptr())
 
 
 def tensor_bytes(tensors) -> int:
     """Bytes held by these tensors, each storage counted once (views share their base's memory)."""
-    seen: dict[tuple, int] = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            seen[_storage_key(t)] = max(seen.get(_storage_key(t), 0), t.untyped_storage().nbytes())
-    return sum(seen.values())
-
-
-class SavedTensors:
-    """Context manager: the tensors autograd saves for backward inside the block, counted by storage.
-
-    Tensors listed in `exclude` (the parameters, the input batch) are left out: they exist anyway.
-    """
-
-    def __init__(self, exclude=()):
-        self._exclude = {_storage_key(t) for t in exclude}
-        self._storages: dict[tuple, int] = {}
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key not in self._exclude:
-            self._storages[key] = t.untyped_storage().nbytes()
-        return t
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of the distinct storages saved so far."""
-        return sum(self._storages.values())
-
-    def __enter__(self) -> "SavedTensors":
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._hooks.__exit__(*exc)
+    seen = {storage_key(t) for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(key[-1] for key in seen)
 
 
 @dataclass(frozen=True)
