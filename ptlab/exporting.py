@@ -22,6 +22,17 @@ from .compiling import quiet_compile_logs
 Shape = tuple[int, ...]
 
 
+class SoftmaxOverSequence(nn.Module):
+    """(B, T, 8) -> (B, T, 8): a linear map, then a softmax over the sequence dim T."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).softmax(dim=1)
+
+
 def dynamic_shapes_for(dims: dict[int, str], *, max_size: int = 1024) -> dict[str, dict[int, torch.export.Dim]]:
     """dynamic_shapes for a model whose forward takes one argument `x`: {dim index: Dim(name)}."""
     if not isinstance(dims, dict) or not all(isinstance(i, int) and isinstance(n, str) for i, n in dims.items()):

@@ -8,7 +8,7 @@ from ptlab.compiling import TinyTransformerBlock
 from ptlab.exporting import (LatencyRow, dynamic_shapes_for, export_onnx, export_program, format_diffs,
                              format_latency_table, legacy_dynamic_int8, max_abs_diffs, onnx_input_shapes,
                              onnx_session, run_onnx, save_and_load_pt2, serialized_bytes, time_side_by_side)
-from ptlab.pitfalls.compile_export import SoftmaxOverSequence
+from ptlab.exporting import SoftmaxOverSequence
 
 SHAPES = [(1, 5, 8), (4, 10, 8), (3, 37, 8)]
 

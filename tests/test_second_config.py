@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN_A_LITTLE = """
 import torch
 from torch.nn import functional as F
-from ptlab.data import load_arrays
+from ptlab.data import load_arrays, to_nchw
 from ptlab.models import SmallCNN
 images, labels = load_arrays(True)
-X = torch.from_numpy(images[:64].copy()).permute(0, 3, 1, 2).float() / 255   # (64, 3, 32, 32)
+X = to_nchw(images[:64]).float() / 255   # (64, 3, 32, 32)
 y = torch.from_numpy(labels[:64].copy()).long()
 torch.manual_seed(0)
 model = SmallCNN(width=16)

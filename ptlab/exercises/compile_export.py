@@ -47,7 +47,7 @@ def check_no_graph_break(normalise) -> None:
          "x change between calls, and how does torch.export.Dim name them?",
 )
 def check_dynamic_export(export_any_length) -> None:
-    from ..pitfalls.compile_export import SoftmaxOverSequence
+    from ..exporting import SoftmaxOverSequence
 
     torch.manual_seed(0)
     model = SoftmaxOverSequence().eval()

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..claims import Check
 from ..compiling import count_compiles, explain_breaks
-from ..exporting import export_onnx, onnx_input_shapes, onnx_session, run_onnx
+from ..exporting import SoftmaxOverSequence, export_onnx, onnx_input_shapes, onnx_session, run_onnx
 from .registry import Outcome, pitfall
 
 
@@ -21,17 +21,6 @@ class DoubleLargeBatches(nn.Module):
         if x.shape[0] > 16:
             return x * 2
         return x
-
-
-class SoftmaxOverSequence(nn.Module):
-    """(B, T, 8) -> (B, T, 8): a linear map, then a softmax over the sequence dim T."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x).softmax(dim=1)
 
 
 @pitfall(
