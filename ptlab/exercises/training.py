@@ -53,8 +53,8 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
 @exercise(
     id="ch4-fix-training-loop", chapter=4,
     task="fix train_steps(model, optimizer, batches) so it trains correctly and returns the mean loss as a float",
-    hint="model.train() first; pass logits (no softmax) to cross_entropy; optimizer.zero_grad() before "
-         "loss.backward(); accumulate loss.item()",
+    hint="check the four things every training step depends on: the mode the model is in, what cross_entropy "
+         "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps alive",
 )
 def check_fix_training_loop(train_steps) -> None:
     result, model = _run(train_steps)
@@ -96,8 +96,8 @@ def _variant(model, optimizer, batches, zero_grad: bool = True, softmax: bool = 
     id="ch4-evaluate-without-side-effects", chapter=4,
     task="write measure_accuracy(model, batches): the accuracy as a float, computed in eval mode under "
          "torch.no_grad(), leaving the model in the mode it was in",
-    hint="remember was_training = model.training; model.eval(); with torch.no_grad(): count argmax == y; "
-         "then model.train(was_training)",
+    hint="leave no trace: find out which mode the model is in before you change it, and put back exactly that "
+         "mode at the end; counting right answers needs no autograd graph",
 )
 def check_evaluate_without_side_effects(measure_accuracy) -> None:
     model, batches = _tiny_problem(seed=2)
