@@ -1,6 +1,6 @@
 """What every loop over (inputs, targets) batches shares: argument checks, the device, batches, and modes.
 
-ptlab.train (training) and ptlab.evaluation (after training) both build on these.
+ptlab.train (training), ptlab.results (after training) and ptlab.overfit (the ritual) build on these.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ptlab.evaluation import overfit_one_batch
+from ptlab.overfit import overfit_one_batch
 from ptlab.loop import eval_mode, train_mode
 from ptlab.train import evaluate, train_one_epoch
 

@@ -8,8 +8,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ptlab import check
-from ptlab.evaluation import (OverfitFailed, OverfitReport, confusion_matrix, overfit_one_batch, per_class_accuracy,
-                              plot_confusion_matrix, plot_misclassified, predict)
+from ptlab.overfit import OverfitFailed, OverfitReport, overfit_one_batch
+from ptlab.results import confusion_matrix, per_class_accuracy, plot_confusion_matrix, plot_misclassified, predict
 from ptlab.exercises.training import _variant, mystery_setup, reference_train_steps
 from ptlab.data import normalize_uint8, uint8_split
 from ptlab.train import History, fit

@@ -148,7 +148,7 @@ def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
          "says what stops learning and where; undo that on the model itself, then run the ritual again",
 )
 def check_overfit_cause(unblock) -> None:
-    from ..evaluation import overfit_one_batch
+    from ..overfit import overfit_one_batch
 
     model, batch = mystery_setup()
     originals = dict(model.named_parameters())
