@@ -73,10 +73,14 @@ test-browser: check-setup $(READY)
 notebooks: check-setup $(READY)
 	PTLAB_DEVICE=cpu $(PY) -m ptlab notebooks notebooks
 
+# The doctor's one-line torch.compile builds Inductor's C++ header for this CPU capability first, as
+# a prepared laptop has it: chapter 8's first compile is then measured warm.
 bench: check-setup $(READY)
+	$(PY) -m ptlab doctor
 	$(PY) -m ptlab bench notebooks
 
 bench-avx2: check-setup $(READY)
+	env $(AVX2_CPU) $(PY) -m ptlab doctor
 	env $(AVX2_CPU) $(PY) -m ptlab bench notebooks
 
 catalogue: check-setup $(READY)

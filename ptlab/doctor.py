@@ -108,6 +108,43 @@ def inductor_compiler_check() -> Check:
     return Check(INDUCTOR_COMPILER, name)
 
 
+INDUCTOR_BUILD = "torch.compile build"
+_FIRST_COMPILE = """
+import time, torch
+from ptlab.compiling import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+use_inductor_cache_per_cpu_capability()
+start = time.perf_counter()
+with quiet_compile_logs():
+    torch.compile(lambda x: torch.sin(x) + 1)(torch.randn(8))
+print(f"{time.perf_counter() - start:.1f}")
+"""
+
+
+def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
+    """Compile a one-line function with Inductor in a fresh process (the environment's CPU capability).
+
+    It proves that the whole chain builds, not only that a compiler exists, and it leaves Inductor's
+    on-disk cache for this CPU capability warm: the one-time build of its C++ header (10-20 s on two
+    cores) happens here, when the machine is prepared, instead of in chapter 8's first compile.
+    """
+    import subprocess
+
+    if not compiler.ok:
+        return Check(INDUCTOR_BUILD, "not tried: no C++ compiler", ok=False, required=False, fix=compiler.fix)
+    try:
+        done = subprocess.run([sys.executable, "-c", _FIRST_COMPILE], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Check(INDUCTOR_BUILD, f"a one-line compile did not finish in {timeout_s:.0f} s", ok=False,
+                     required=False, fix="chapter 8 will be slow here; close other programs and rerun make doctor")
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "Error" in line] or ["no error line"]
+        return Check(INDUCTOR_BUILD, f"a one-line compile failed: {errors[-1].strip()[:200]}", ok=False,
+                     required=False, fix=_COMPILER_FIX)
+    return Check(INDUCTOR_BUILD, f"a one-line function compiled in {done.stdout.strip()} s; "
+                                 "Inductor's cache for this CPU is now warm", required=False)
+
+
 def _dataset() -> Check:
     try:
         from .data import DATASET_FILE, verify_dataset
@@ -146,7 +183,8 @@ def run_checks() -> list[Check]:
         _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
         device_check,
         _bf16_autocast(device),
-        inductor_compiler_check(),
+        (compiler := inductor_compiler_check()),
+        inductor_build_check(compiler),
         Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
               required=False),
         _cpu_instructions(),

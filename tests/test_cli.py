@@ -44,6 +44,7 @@ def test_pitfalls_run_unknown_id(capsys):
 def test_doctor_passes_here():
     result = run_cli("doctor")
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "[ok  ] torch.compile build" in result.stdout and "cache for this CPU is now warm" in result.stdout
     for line in ("torch", "torchvision", "device", "bf16 autocast", "C++ compiler", "embedded dataset",
                  "ipywidgets lab extension", "READY"):
         assert line in result.stdout
@@ -77,6 +78,7 @@ def test_doctor_warns_with_the_fix_when_no_cpp_compiler_is_found(tmp_path):
     assert "Traceback" not in result.stderr, result.stderr
     assert "[warn] C++ compiler (torch.compile on CPU)  not found" in result.stdout
     assert "-> install a C++ compiler for chapter 8 (Debian/Ubuntu: sudo apt install g++" in result.stdout
+    assert "[warn] torch.compile build" in result.stdout and "not tried: no C++ compiler" in result.stdout
     assert result.returncode == 0 and "READY" in result.stdout, "chapter 8 needs it; the rest of the course does not"
 
 
