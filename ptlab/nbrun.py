@@ -146,6 +146,22 @@ def _client(nb, path: Path, **hooks):
                           resources={"metadata": {"path": str(path.parent)}}, **hooks)
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stream outputs of the same name (stdout, stderr), as nbval compares them.
+
+    How the kernel splits one cell's printing into messages depends on timing; merged, a rerun writes
+    the same outputs.
+    """
+    merged: list = []
+    for output in outputs:
+        if (output.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == output.get("name")):
+            merged[-1]["text"] = merged[-1]["text"] + output["text"]
+        else:
+            merged.append(output)
+    return merged
+
+
 def run_notebook(path: Path, write: bool = False) -> NotebookRun:
     """Execute one notebook top to bottom in a fresh kernel; optionally write the outputs back.
 
@@ -176,6 +192,8 @@ def run_notebook(path: Path, write: bool = False) -> NotebookRun:
     if write and error is None:
         for cell in nb.cells:
             cell.metadata.pop("execution", None)
+            if cell.cell_type == "code":
+                cell.outputs = coalesce_streams(cell.outputs)
         nbformat.write(nb, path)
     slowest = max(cell_times, key=cell_times.get) if cell_times else -1
     return NotebookRun(path, wall, cell_times.get(slowest, 0.0), slowest, rss.peak / 2**20,

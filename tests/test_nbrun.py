@@ -5,7 +5,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from ptlab.nbrun import NotebookRun, budget_problems, checked_fraction, notebook_paths
+from ptlab.nbrun import NotebookRun, budget_problems, checked_fraction, coalesce_streams, notebook_paths
 
 
 def _printed(source, tags=()):
@@ -79,3 +79,14 @@ def test_notebook_paths_finds_solutions_and_skips_checkpoints(tmp_path):
     assert found == ["01_a.ipynb", "solutions/01_a.ipynb"]
     with pytest.raises(FileNotFoundError, match="not a notebook"):
         notebook_paths([tmp_path / "missing.ipynb"])
+
+
+def test_consecutive_streams_of_one_name_are_merged_and_nothing_else():
+    outputs = [new_output("stream", name="stdout", text="a\n"), new_output("stream", name="stdout", text="b\n"),
+               new_output("stream", name="stderr", text="warn\n"), new_output("stream", name="stdout", text="c\n"),
+               new_output("execute_result", data={"text/plain": "1"}, execution_count=1),
+               new_output("stream", name="stdout", text="d\n")]
+    merged = coalesce_streams(outputs)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in merged] == [
+        ("stream", "stdout", "a\nb\n"), ("stream", "stderr", "warn\n"), ("stream", "stdout", "c\n"),
+        ("execute_result", None, None), ("stream", "stdout", "d\n")]
