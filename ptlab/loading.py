@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
+from .data import normalize_uint8
+
 
 # ---------------------------------------------------------------- CPU cost and CPU limits
 def burn_cpu(units: int) -> int:
@@ -277,11 +279,7 @@ def skip_none_collate(batch: list[Any]) -> Any:
     return default_collate(kept) if kept else None
 
 
-def normalize_batch(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 (B, C, H, W) to normalised float32 in one vectorised op per batch (ptlab.data.normalize_uint8)."""
-    from .data import normalize_uint8
-
-    return normalize_uint8(images, mean, std)
+normalize_batch = normalize_uint8  # chapter 3's name for it: uint8 (B, C, H, W) to normalised float32, one op per batch
 
 
 # ---------------------------------------------------------------- image files, readable or not
