@@ -8,7 +8,7 @@ PORT ?= 8888
 # Strict nbval: every stored output is compared, volatile text sanitised, each cell limited in time.
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 120
 # The second configuration the notebooks must pass in: other float digits and other speed (one thread,
-# ATen without SIMD, oneDNN at AVX2). Kept equal to ptlab.nbrun.SECOND_CONFIG by a test.
+# ATen without SIMD, oneDNN at AVX2). Kept equal to ptlab.course.nbrun.SECOND_CONFIG by a test.
 SECOND_CONFIG := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2
 # A CPU with AVX2 only (no AVX-512), emulated on a faster one: what the budgets are set for.
 AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
@@ -90,13 +90,13 @@ lock:
 	uv pip compile requirements.in --universal --python-version 3.10 --generate-hashes --no-header \
 		--custom-compile-command "make lock" -o requirements.lock
 
-# The learners' copy: everything but the solutions and the tests that hold or need the answers, in one
+# The learners' copy: everything but the solutions and tests/answers (every exercise answer), in one
 # top-level folder. Made from the committed HEAD, so commit first.
 HANDOUT ?= ptlab-handout
 HANDOUT_ZIP ?= $(HANDOUT).zip
 handout:
 	git archive --format=zip --prefix=$(HANDOUT)/ -o $(HANDOUT_ZIP) HEAD -- . \
-		':(exclude)notebooks/solutions' ':(exclude)tests/test_exercises.py'
+		':(exclude)notebooks/solutions' ':(exclude)tests/answers'
 	@echo "wrote $(HANDOUT_ZIP): unzip, cd $(HANDOUT), make lab. Publish notebooks/solutions/ after the session."
 
 clean:

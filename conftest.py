@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ptlab.nbrun import KERNEL_ENV
+from ptlab.course.nbrun import KERNEL_ENV
 
 
 def pytest_configure(config):

@@ -4,11 +4,11 @@ Importing ptlab changes no global state: no seeding, no warning filters, no back
 """
 from __future__ import annotations
 
-from .claims import Check, ClaimFailed, claim, claim_measured, exact, measured, measured_seconds
+from .claims import Check, ClaimFailed, claim, claim_measured, exact, format_seconds, measured, measured_seconds
 from .core import DeviceChoice, choose_device, get_device, seed_everything
-from .exercises import check
-from .pitfalls import all_pitfalls, compare_pitfall, get_pitfall, run_pitfall
-from .timing import compare, format_seconds, time_callable
+from .course.exercises import check
+from .course.pitfalls import all_pitfalls, compare_pitfall, get_pitfall, run_pitfall
+from .timing import compare, time_callable
 
 __version__ = "0.1.0"
 
@@ -21,7 +21,7 @@ __all__ = [
 
 def show_pitfall(pitfall_id: str):
     """The interactive widget for one pitfall (imports ipywidgets only when called)."""
-    from .widgets import show_pitfall as _show
+    from .course.widgets import show_pitfall as _show
 
     return _show(pitfall_id)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import report, run_checks
+    from .course.doctor import report, run_checks
 
     text, code = report(run_checks())
     print(text)
@@ -15,8 +15,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _pitfalls(args: argparse.Namespace) -> int:
-    from .catalogue import catalogue_json, catalogue_text
-    from .pitfalls import get_pitfall
+    from .course.catalogue import catalogue_json, catalogue_text
+    from .course.pitfalls import get_pitfall
 
     if args.action == "run":
         if not args.id:
@@ -41,7 +41,7 @@ def _pitfalls(args: argparse.Namespace) -> int:
 
 
 def _catalogue(args: argparse.Namespace) -> int:
-    from .catalogue import catalogue_markdown, readme_is_current, write_readme
+    from .course.catalogue import catalogue_markdown, readme_is_current, write_readme
 
     readme = Path(args.readme)
     if args.check:
@@ -77,13 +77,13 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _notebooks(args: argparse.Namespace) -> int:
-    from .nbrun import execute_in_place
+    from .course.nbrun import execute_in_place
 
     return execute_in_place([Path(p) for p in args.paths])
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .nbrun import bench
+    from .course.nbrun import bench
 
     return bench([Path(p) for p in args.paths], markdown=args.markdown)
 

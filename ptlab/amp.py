@@ -1,92 +1,22 @@
-"""Mixed precision helpers for chapter 6: what autocast does per op, the GradScaler's scale, bf16 sums,
-a side-by-side speed comparison of float32, bf16 autocast and bf16 + channels_last training, the FLOP
-a training step needs (for the fraction of the measured matmul peak it reaches), and the small
-two-class task on which the three variants' accuracies are compared."""
+"""Mixed precision, measured: which dtype autocast gives each op, whether this CPU has native bf16, a side-by-side speed comparison of float32, bf16
+autocast and bf16 + channels_last training, and the FLOP a training step needs (for the fraction of the measured
+matmul peak it reaches). Introduced in chapter 6."""
 from __future__ import annotations
 
 import copy
+import platform
 import time
 from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from ._legacy import moved
 from .claims import measured
-from .timing import torch_threads
-
-
-def op_dtypes(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, str, str]]:
-    """Run common ops under autocast and return (op, input dtype, output dtype) for each.
-
-    Matmul-like ops get float32 inputs (autocast casts them down); the others get a low-precision
-    input, as they do in a network, where they follow a matmul or a convolution.
-    """
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(8, 16, generator=g)                    # (8, 16) float32
-    w = torch.randn(16, 16, generator=g)                   # (16, 16)
-    images = torch.randn(2, 3, 8, 8, generator=g)          # (2, 3, 8, 8)
-    conv = nn.Conv2d(3, 4, 3)
-    low = x.to(dtype)                                      # as the output of a matmul under autocast
-    target = torch.randint(0, 16, (8,), generator=g)
-    ops = [
-        ("x @ w (matmul)", x, lambda: x @ w),
-        ("F.linear", x, lambda: F.linear(x, w)),
-        ("nn.Conv2d", images, lambda: conv(images)),
-        ("F.cross_entropy", low, lambda: F.cross_entropy(low, target)),
-        ("F.mse_loss", low, lambda: F.mse_loss(low, low)),
-        ("torch.prod", low, lambda: low.prod()),
-        ("torch.softmax", low, lambda: torch.softmax(low, -1)),
-        ("tensor.sum", low, lambda: low.sum()),
-        ("tensor.mean", low, lambda: low.mean()),
-        ("torch.relu", low, lambda: torch.relu(low)),
-        ("low + float32", low, lambda: low + x),
-    ]
-    rows = []
-    with torch.autocast(device_type, dtype=dtype):
-        for name, inp, fn in ops:
-            rows.append((name, str(inp.dtype).replace("torch.", ""), str(fn().dtype).replace("torch.", "")))
-    return rows
-
-
-def format_op_table(rows: list[tuple[str, str, str]]) -> str:
-    """The op table as fixed-width text."""
-    lines = [f"{'op':<18}{'input':<10}output"]
-    lines += [f"{op:<18}{inp:<10}{out}" for op, inp, out in rows]
-    return "\n".join(lines)
-
-
-def scale_history(inf_at: tuple[int, ...] = (3,), steps: int = 10, growth_interval: int = 2,
-                  init_scale: float = 1024.0) -> list[tuple[int, float, bool]]:
-    """Drive a GradScaler("cpu") through `steps` steps, with an inf gradient at the steps in `inf_at`.
-
-    Returns (step, scale after update, whether optimizer.step() was skipped) per step. The scale halves
-    after an inf (and the step is skipped), and doubles after `growth_interval` clean steps in a row.
-    """
-    w = nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([w], lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
-    history = []
-    for step in range(1, steps + 1):
-        opt.zero_grad()
-        loss = (w * torch.tensor([float("inf") if step in inf_at else 1.0, 1.0])).sum()
-        scaler.scale(loss).backward()
-        before = w.detach().clone()
-        scaler.step(opt)
-        scaler.update()
-        history.append((step, scaler.get_scale(), bool(torch.equal(before, w.detach()))))
-    return history
-
-
-def running_sum(values: torch.Tensor, dtype: torch.dtype, accumulator: torch.dtype | None = None) -> float:
-    """Add values one by one, as a loop or a naive kernel does, keeping the total in `accumulator`
-    (default: `dtype`); each value is first rounded to `dtype`."""
-    acc_dtype = accumulator or dtype
-    total = torch.zeros((), dtype=acc_dtype)
-    for v in values.to(dtype):
-        total = total + v.to(acc_dtype)
-    return float(total)
+from .data import to_float_tensors
+from .models import SmallCNN
+from .timing import matmul_flops, torch_threads
 
 
 def _step_fn(model: nn.Module, dtype: torch.dtype | None, channels_last: bool):
@@ -220,30 +150,95 @@ def format_speed_table(speeds: dict[str, float], accuracies: dict[str, float] | 
     return "\n".join(lines)
 
 
-def class_subset_loaders(classes: tuple[str, ...] = ("circle", "stripes"), n_train: int = 256,
-                         batch_size: int = 16, seed: int = 0) -> tuple[DataLoader, DataLoader]:
-    """Train and validation loaders over a few classes of the embedded training split, labels 0..k-1.
+def native_bf16() -> bool:
+    """Whether this CPU does bf16 arithmetic in hardware (AVX-512 BF16 or AMX on x86, BF16 on ARM)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = " ".join(line for line in cpuinfo if line.startswith(("flags", "Features")))
+    except OSError:  # macOS, Windows: no /proc; Apple silicon from M2 on has BF16
+        return platform.system() == "Darwin" and platform.machine() == "arm64" and "M1" not in platform.processor()
+    capability = torch.backends.cpu.get_cpu_capability()
+    x86 = ("avx512_bf16" in flags or "amx_bf16" in flags) and capability.startswith("AVX512")
+    return x86 or " bf16" in f" {flags}"
 
-    The validation loader holds every validation image of those classes (ptlab.data.train_val_split,
-    10%); the training loader `n_train` of the rest, shuffled by a generator seeded with `seed`, so
-    two calls give the same batches in the same order.
+
+def speed_report(width: int = 24) -> str:
+    """The speed table `make bench` prints for the chapter-4 SmallCNN: images per CPU-second in float32, bf16 autocast
+    and bf16 + channels_last, the ratio to float32 and the fraction of each dtype's measured matmul peak,
+    all on one thread (see ptlab.amp.speed_comparison).
+
+    A few seconds (fewer batches where bf16 is emulated). Any failure gives one 'skipped' line instead:
+    the notebooks' verdicts above stand either way.
     """
-    from .data import CLASSES, to_float_tensors, train_val_split
+    try:
+        native = native_bf16()
+        n_batches, batch_size = (5, 64) if native else (3, 32)   # the first batch warms up, untimed
+        X, y = to_float_tensors(train=True)                      # (N, 3, 32, 32), (N,)
+        batches = [(X[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
+                   for i in range(n_batches)]
 
-    unknown = [c for c in classes if c not in CLASSES]
-    if len(classes) < 2 or unknown:
-        raise ValueError(f"classes must name at least 2 of {', '.join(CLASSES)}; got {classes!r}")
-    if not isinstance(n_train, int) or n_train < batch_size:
-        raise ValueError(f"n_train must be an int >= batch_size ({batch_size}), got {n_train!r}")
-    X, y = to_float_tensors(train=True)                     # (N, 3, 32, 32), (N,)
-    ids = torch.tensor([CLASSES.index(c) for c in classes])
-    keep = torch.isin(y, ids)
-    X, y = X[keep], (y[keep].unsqueeze(1) == ids).int().argmax(1)   # labels 0..k-1 in the order of `classes`
-    train_idx, val_idx = train_val_split(y, val_fraction=0.1, seed=seed)
-    if n_train > len(train_idx):
-        raise ValueError(f"n_train={n_train} is more than the {len(train_idx)} training images of {classes}")
-    g = torch.Generator().manual_seed(seed)
-    chosen = torch.tensor(train_idx)[torch.randperm(len(train_idx), generator=g)[:n_train]]
-    train = DataLoader(TensorDataset(X[chosen], y[chosen]), batch_size=batch_size, shuffle=True, generator=g)
-    val = DataLoader(TensorDataset(X[val_idx], y[val_idx]), batch_size=256)
-    return train, val
+        def make_model() -> torch.nn.Module:
+            torch.manual_seed(0)
+            return SmallCNN(width=width)
+
+        speeds = speed_comparison(make_model, batches)
+        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
+        fractions = peak_fractions(speeds, training_step_flops(make_model()), peaks)
+    except Exception as err:  # the table is information, not a verdict: say why it is missing
+        return f"mixed-precision speed table skipped: {type(err).__name__}: {err}"
+    peak_text = ", ".join(f"{name} {flops / 1e9:.3g}" for name, flops in peaks.items())
+    return "\n".join([
+        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread, "
+        f"{'native' if native else 'NO native (emulated)'} bf16 on this CPU",
+        f"matmul peak, GFLOP per CPU-second: {peak_text}",
+        format_speed_table(speeds, fractions=fractions)])
+
+
+
+def op_dtypes(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, str, str]]:
+    """Run common ops under autocast and return (op, input dtype, output dtype) for each.
+
+    Matmul-like ops get float32 inputs (autocast casts them down); the others get a low-precision
+    input, as they do in a network, where they follow a matmul or a convolution.
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=g)                    # (8, 16) float32
+    w = torch.randn(16, 16, generator=g)                   # (16, 16)
+    images = torch.randn(2, 3, 8, 8, generator=g)          # (2, 3, 8, 8)
+    conv = nn.Conv2d(3, 4, 3)
+    low = x.to(dtype)                                      # as the output of a matmul under autocast
+    target = torch.randint(0, 16, (8,), generator=g)
+    ops = [
+        ("x @ w (matmul)", x, lambda: x @ w),
+        ("F.linear", x, lambda: F.linear(x, w)),
+        ("nn.Conv2d", images, lambda: conv(images)),
+        ("F.cross_entropy", low, lambda: F.cross_entropy(low, target)),
+        ("F.mse_loss", low, lambda: F.mse_loss(low, low)),
+        ("torch.prod", low, lambda: low.prod()),
+        ("torch.softmax", low, lambda: torch.softmax(low, -1)),
+        ("tensor.sum", low, lambda: low.sum()),
+        ("tensor.mean", low, lambda: low.mean()),
+        ("torch.relu", low, lambda: torch.relu(low)),
+        ("low + float32", low, lambda: low + x),
+    ]
+    rows = []
+    with torch.autocast(device_type, dtype=dtype):
+        for name, inp, fn in ops:
+            rows.append((name, str(inp.dtype).replace("torch.", ""), str(fn().dtype).replace("torch.", "")))
+    return rows
+
+
+def format_op_table(rows: list[tuple[str, str, str]]) -> str:
+    """The op table as fixed-width text."""
+    lines = [f"{'op':<18}{'input':<10}output"]
+    lines += [f"{op:<18}{inp:<10}{out}" for op, inp, out in rows]
+    return "\n".join(lines)
+
+
+# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
+__getattr__ = moved(__name__, {
+    "scale_history": "ptlab.lessons.ch06_amp.demos",
+    "running_sum": "ptlab.lessons.ch06_amp.demos",
+    "class_subset_loaders": "ptlab.lessons.ch06_amp.demos",
+})

@@ -36,10 +36,16 @@ def measured(value: float | int, digits: int = 4) -> str:
     return f"{MEASURED}{value:.{digits}g}"
 
 
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that reads best: ns, µs, ms or s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
 def measured_seconds(seconds: float) -> str:
     """A measured duration in the unit that reads best, marked as measured: '≈12.3 ms'."""
-    from .timing import format_seconds
-
     number, unit = format_seconds(seconds).split(" ")
     return f"{MEASURED}{number} {unit}"
 

@@ -9,19 +9,18 @@ CUDA) are left as they were.
 """
 from __future__ import annotations
 
-import gc
 import math
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from ._graph_watch import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
 from .claims import measured
+from .memory import SavedTensors, saved_tensor_bytes, storage_key  # noqa: F401  (their old import path)
 
 # What each cause means, in the words the report prints.
 CAUSES = {
@@ -46,10 +45,7 @@ CAUSES = {
     "vanishing": "the gradient is vanishingly small compared with the other parameters'",
     "non-finite": "the gradient holds NaN or inf",
 }
-_LEAVE_GRAPH = {"item", "tolist", "numpy", "__float__", "__int__", "__index__"}
-_REWRAP = {"tensor", "as_tensor", "from_numpy", "asarray"}
 _LOSS_FN = "(loss_fn)"
-_MUTATING_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"}
 
 
 @dataclass(frozen=True)
@@ -64,17 +60,6 @@ class Finding:
     @property
     def explanation(self) -> str:
         return CAUSES[self.cause]
-
-
-@dataclass
-class _CutEvent:
-    """A torch call inside forward whose input carried the graph and whose result does not."""
-
-    op: str
-    kind: str
-    module: str
-    graph_inputs: list[torch.Tensor]
-    ancestors: frozenset[int] = frozenset()     # earlier cut events its input descends from
 
 
 @dataclass
@@ -146,10 +131,6 @@ class GradientReport:
     __repr__ = __str__
 
 
-def _module_label(name: str) -> str:
-    return name if name else "(model)"
-
-
 def _walk_plain_containers(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
     """(path, item) for every module or tensor inside nested plain lists, tuples, sets and dicts."""
     if depth > 3:
@@ -198,115 +179,6 @@ def unregistered_parameters(model: nn.Module) -> dict[str, tuple[torch.Tensor, n
     return found
 
 
-class _ForwardWatcher(TorchFunctionMode):
-    """Logs, during one forward pass, every torch call that cuts the graph and the module it ran in."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.module_stack: list[str] = []
-        self.events: list[_CutEvent] = []
-        self.used: set[int] = set()               # ids of tensors that entered any torch call
-        self.taint: dict[int, set[int]] = {}       # id(tensor) -> indices of cut events it descends from
-        self.keep_alive: list[Any] = []            # so ids stay unique while we look them up
-        self.inplace_on_graph: list[str] = []      # in-place ops on tensors that carried the graph
-        self.lost_grad_fn: list[str] = []          # modules whose output lost the graph, in order
-        self.paused = False
-        self.warnings: list[str] = []
-        self.blamed: set[int] = set()              # events that explain a missing gradient
-
-    @property
-    def current_module(self) -> str:
-        return self.module_stack[-1] if self.module_stack else ""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.paused:
-            return func(*args, **kwargs)
-        name = getattr(func, "__name__", str(func))
-        owner = getattr(getattr(func, "__self__", None), "__name__", None)
-        if name == "__get__" and owner != "data":  # attribute reads (.shape, .requires_grad...) cut nothing
-            return func(*args, **kwargs)
-        op = "data" if name == "__get__" else name
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        self.used.update(id(t) for t in inputs)
-        graph_inputs = [t for t in inputs if t.requires_grad]
-        if graph_inputs and inputs[0].requires_grad and (op in _MUTATING_DUNDERS or
-                                                         (op.endswith("_") and not op.startswith("_"))):
-            self.inplace_on_graph.append(f"`{op}` in the forward of {_module_label(self.current_module)}")
-        result = func(*args, **kwargs)
-        outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-        taint = set().union(*(self.taint.get(id(t), set()) for t in inputs)) if inputs else set()
-        kind = self._cut_kind(op, graph_inputs, outputs)
-        if kind is None and op in _LEAVE_GRAPH and taint:  # x.detach().numpy(): the second half of a round trip
-            kind = "round-trip"
-        if kind is not None:
-            self.events.append(_CutEvent(op, kind, self.current_module, graph_inputs, frozenset(taint)))
-            taint = taint | {len(self.events) - 1}
-        elif op in _REWRAP and not graph_inputs:  # torch.tensor(number): came back from a round trip?
-            taint = taint | {i for i, e in enumerate(self.events) if e.kind == "round-trip"}
-        if taint:
-            for t in outputs:
-                self.taint[id(t)] = taint
-                self.keep_alive.append(t)
-        return result
-
-    def _cut_kind(self, op: str, graph_inputs: list, outputs: list) -> str | None:
-        if not graph_inputs or op.endswith("_like") or op.startswith("new_"):
-            return None
-        if op in _LEAVE_GRAPH:
-            return "round-trip"
-        if not outputs or any(t.requires_grad for t in outputs):
-            return None
-        if op in ("detach", "detach_"):
-            return "detach"
-        if op == "data":
-            return "data"
-        if torch.is_inference_mode_enabled():
-            return "inference_mode"
-        if not torch.is_grad_enabled():
-            return "no_grad"
-        if not any(t.is_floating_point() or t.is_complex() for t in outputs):
-            return "non-differentiable"
-        return None
-
-    def pre_hook(self, name: str):
-        def hook(module, args):
-            self.module_stack.append(name)
-        return hook
-
-    def post_hook(self, name: str):
-        def hook(module, args, output):
-            self.paused = True
-            try:
-                should_carry = any(isinstance(a, torch.Tensor) and a.requires_grad for a in tree_flatten(args)[0]) \
-                    or any(p.requires_grad for p in module.parameters())
-                outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-                if should_carry and outs and not any(t.requires_grad for t in outs):
-                    self.lost_grad_fn.append(_module_label(name))
-            finally:
-                self.paused = False
-                if self.module_stack:
-                    self.module_stack.pop()
-        return hook
-
-
-def _upstream_leaves(t: torch.Tensor) -> set[int]:
-    """ids of the leaf tensors (parameters) a tensor's graph reaches back to."""
-    if t.grad_fn is None:
-        return {id(t)} if t.requires_grad else set()
-    found, seen, todo = set(), set(), [t.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None:
-            found.add(id(variable))
-        todo.extend(next_node for next_node, _ in node.next_functions)
-    return found
-
-
 def _probe_loss(output: Any) -> torch.Tensor:
     """A scalar from a model output: a fixed random projection, so a softmax output still gets gradient."""
     if not isinstance(output, torch.Tensor):
@@ -325,7 +197,7 @@ def _check_loss(loss: Any, name: str) -> None:
 
 
 def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
-                 extra_modules: dict[str, nn.Module]) -> tuple[torch.Tensor, _ForwardWatcher]:
+                 extra_modules: dict[str, nn.Module]) -> tuple[torch.Tensor, ForwardWatcher]:
     """One watched forward pass and loss; warnings raised on the way are kept in watcher.warnings."""
     if isinstance(batch, torch.Tensor):
         inputs, target = batch, None
@@ -333,7 +205,7 @@ def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
         inputs, target = batch[0], (batch[1] if len(batch) == 2 else None)
     else:
         raise ValueError(f"batch must be X, (X,) or (X, y), got a {type(batch).__name__} of length {len(batch)}")
-    watcher = _ForwardWatcher()
+    watcher = ForwardWatcher()
     modules = {**dict(model.named_modules()), **extra_modules}
     handles = [h for name, m in modules.items()
                for h in (m.register_forward_pre_hook(watcher.pre_hook(name)),
@@ -431,12 +303,12 @@ def _owner_of_path(path: str) -> str:
     return path.rsplit(".", 1)[0] if "." in path else "(model)"
 
 
-def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, watcher: _ForwardWatcher | None,
+def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, watcher: ForwardWatcher | None,
                  hidden: dict, vanishing: float, allow_frozen: bool,
                  optimizer: torch.optim.Optimizer | None = None) -> GradientReport:
     """Compute the gradients with autograd.grad (leaving .grad alone) and explain what is wrong."""
     named = dict(model.named_parameters())
-    owner = {id(p): _module_label(name) for name, m in model.named_modules() for p in m.parameters(recurse=False)}
+    owner = {id(p): module_label(name) for name, m in model.named_modules() for p in m.parameters(recurse=False)}
     if watcher is not None:
         report.notes += [f"warning during forward: {m}" for m in watcher.warnings]
         report.first_cut_module = watcher.lost_grad_fn[0] if watcher.lost_grad_fn else None
@@ -486,26 +358,26 @@ def _flag_optimizer_gaps(report: GradientReport, optimizer: torch.optim.Optimize
             report.optimizer_gaps.append(Finding(name, module, "lr-zero", "its param group has lr 0"))
 
 
-def _where(event: _CutEvent) -> str:
-    place = "the loss function" if event.module == _LOSS_FN else f"the forward of {_module_label(event.module)}"
+def _where(event: CutEvent) -> str:
+    place = "the loss function" if event.module == _LOSS_FN else f"the forward of {module_label(event.module)}"
     return f"`{event.op}` in {place}"
 
 
-def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: _ForwardWatcher | None,
+def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: ForwardWatcher | None,
                      loss: torch.Tensor) -> Finding:
     """Why a trainable, registered parameter got no gradient."""
     if watcher is None:
         return Finding(name, module, "not-in-graph", "pass batch= to find where the graph was cut")
     feeding_loss = watcher.taint.get(id(loss), set())
     upstream = [i for i, e in enumerate(watcher.events)
-                if any(id(p) in _upstream_leaves(t) for t in e.graph_inputs)]
+                if any(id(p) in upstream_leaves(t) for t in e.graph_inputs)]
     ranked = [i for i in upstream if i in feeding_loss] or upstream
     if ranked:
         event = watcher.events[ranked[0]]
         watcher.blamed.add(ranked[0])
-        onward = [e for e in watcher.events if ranked[0] in e.ancestors and e.op in _LEAVE_GRAPH]
+        onward = [e for e in watcher.events if ranked[0] in e.ancestors and e.op in LEAVE_GRAPH]
         if event.kind in ("detach", "data") and onward:  # x.detach().numpy() -> torch.tensor(...)
-            event = _CutEvent(f"{event.op}().{onward[0].op}", "round-trip", event.module, event.graph_inputs)
+            event = CutEvent(f"{event.op}().{onward[0].op}", "round-trip", event.module, event.graph_inputs)
         return Finding(name, module, event.kind, _where(event))
     if id(p) not in watcher.used:
         return Finding(name, module, "unused", f"{module} was never called, or this parameter never read")
@@ -530,89 +402,3 @@ def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], ow
                                        f"({measured(largest, 2)})"))
 
 
-def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
-    """(device type, address, bytes) of the storage under t: views of one storage share it."""
-    storage = t.untyped_storage()
-    return t.device.type, storage.data_ptr(), storage.nbytes()
-
-
-def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes autograd saves for backward while fn() runs, each saved storage counted once.
-
-    What autograd saves includes parameters (a Linear saves its weight to pass gradients back) and the
-    caller's input; pass them in `exclude` to count the rest, the activations, alone.
-    """
-    if not callable(fn):
-        raise TypeError(f"saved_tensor_bytes needs a callable, got {type(fn).__name__}")
-    with SavedTensors(exclude=exclude) as saved:
-        fn()
-    return saved.bytes
-
-
-class _SavedRecord:
-    """What the pack hook stores: the saved tensor, detached (holding an output's grad_fn would make a
-    reference cycle that keeps the graph alive), and weakly referable so we can see when it is freed."""
-
-    __slots__ = ("tensor", "__weakref__")
-
-    def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
-
-
-class SavedTensors:
-    """Records, with torch.autograd.graph.saved_tensors_hooks, every tensor autograd saves for backward
-    inside `with SavedTensors() as saved:`. Afterwards saved.bytes is what was saved (each storage once),
-    and saved.held_bytes() how many bytes of it are still alive, i.e. kept by a graph that something
-    still references. Storages of `exclude` (the parameters, the input batch: they exist anyway) are
-    left out of `bytes`.
-    """
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        self._exclude = {storage_key(t) for t in exclude}
-        self._saved: dict[tuple[str, int, int], int] = {}
-        self._records: list[weakref.ref] = []
-        self._hooks: Any = None
-
-    def _pack(self, t: torch.Tensor) -> _SavedRecord:
-        key = storage_key(t)
-        if key not in self._exclude:
-            self._saved[key] = key[-1]
-        record = _SavedRecord(t.detach())
-        self._records.append(weakref.ref(record))
-        return record
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of the distinct storages autograd saved inside the block, `exclude` left out."""
-        return sum(self._saved.values())
-
-    def __enter__(self) -> "SavedTensors":
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda record: record.tensor)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._hooks.__exit__(*exc)
-
-    @property
-    def recorded(self) -> int:
-        """How many tensors autograd saved inside the block (alive or freed since)."""
-        return len(self._records)
-
-    def alive(self) -> int:
-        """How many of the recorded saved tensors are still alive now (after a garbage collection)."""
-        gc.collect()
-        return sum(ref() is not None for ref in self._records)
-
-    def held_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
-        """Bytes of saved tensors still alive now, leaving out the storages of `exclude` (weights, inputs)."""
-        gc.collect()
-        skip = {storage_key(t) for t in exclude}
-        held: dict[tuple[int, int], int] = {}
-        for ref in self._records:
-            record = ref()
-            if record is not None:
-                key = storage_key(record.tensor)
-                if key not in skip:
-                    held[key] = key[-1]
-        return sum(held.values())

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import json
 import os
 import pickle
@@ -33,7 +32,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch import nn
+
+from ._legacy import moved
 
 START_METHODS = ("forkserver", "spawn")
 # Imported once by the fork server, so each rank starts by fork in a fraction of a second, not ~3 s.
@@ -305,17 +305,6 @@ def multinode_command(nnodes: int = 2, nproc: int = 8, endpoint: str = "node0.ex
             f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=job42 {target}")
 
 
-def shown_command(command: list[str]) -> str:
-    """A command as text for a notebook: 'python' for this interpreter, PORT for the free port picked."""
-    text = " ".join(["python", *command[1:]]) if command and command[0] == sys.executable else " ".join(command)
-    return re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", text)
-
-
-def mask_figures(text: str) -> str:
-    """Mark every decimal figure in a script's output as measured ('≈0.8123'), so a notebook can show it."""
-    return re.sub(r"(?<![\w.≈])(\d+\.\d+)", r"≈\1", text)
-
-
 def run_torchrun(target: list[str], nproc: int = 2, *, timeout_s: float = 120.0, cwd: str | Path | None = None,
                  env: dict[str, str] | None = None, threads: int = 1) -> LaunchResult:
     """Run `torchrun --nproc-per-node=nproc target` on this machine with a free port; kill it all after timeout_s."""
@@ -346,243 +335,19 @@ def _torchrun_once(target: list[str], nproc: int, timeout_s: float, cwd: str | P
     return LaunchResult(command, proc.returncode, stdout, stderr, time.perf_counter() - start, timed_out)
 
 
-# ---------------------------------------------------------------- worker functions the chapter runs in its ranks
-
-def _mlp(batchnorm: bool = False) -> nn.Sequential:
-    torch.manual_seed(0)                                   # the same initial weights on every rank
-    middle = [nn.BatchNorm1d(32)] if batchnorm else []
-    return nn.Sequential(nn.Linear(8, 32), *middle, nn.Tanh(), nn.Linear(32, 3))
-
-
-def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
-
-
-def checksum(model: nn.Module) -> tuple[float, str]:
-    """Sum of every parameter (float64) and a sha256 of their bytes: equal hashes mean identical bits."""
-    tensors = [p.detach().cpu().contiguous() for p in model.parameters()]
-    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()
-    return float(sum(t.double().sum() for t in tensors)), digest[:16]
-
-
-def describe_rank() -> dict[str, Any]:
-    """Who this rank is: rank, world size, backend, LOCAL_RANK and its thread count."""
-    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-            "local_rank": int(os.environ["LOCAL_RANK"]), "threads": torch.get_num_threads()}
-
-
-def train_and_gather_checksums(steps: int = 5, wrap: bool = True) -> list[tuple[float, str]]:
-    """Train the same MLP on this rank's own data for `steps`; return every rank's checksum (all_gather_object).
-
-    wrap=True trains it inside DistributedDataParallel (gradients all-reduced); wrap=False trains it alone.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_mlp()) if wrap else _mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    X, y = _data(64, seed=100 + dist.get_rank())           # each rank its own batches
-    for i in range(steps):
-        loss = nn.functional.cross_entropy(model(X[i * 8:(i + 1) * 8]), y[i * 8:(i + 1) * 8])
-        optimizer.zero_grad()
-        loss.backward()                                    # DDP: gradients averaged over the ranks here
-        optimizer.step()
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, checksum(model))
-    return gathered
-
-
-def sampler_shards(n: int = 11, shuffle: bool = False, epochs: int = 1) -> dict[str, list]:
-    """This rank's DistributedSampler indices for a dataset of n items, padded (default) and with drop_last."""
-    from torch.utils.data import DistributedSampler
-
-    shards = {}
-    for drop_last in (False, True):
-        sampler = DistributedSampler(range(n), shuffle=shuffle, drop_last=drop_last, seed=0)
-        orders = []
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            orders.append(list(sampler))
-        shards["drop_last" if drop_last else "padded"] = orders
-    return shards
-
-
-def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm: bool = False) -> float | None:
-    """DDP with each rank on its slice of the batch, against one model on the whole batch (computed on rank 0).
-
-    Returns, on rank 0, the largest |difference| between the two models' weights after `steps` SGD steps.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if global_batch % world:
-        raise ValueError(f"global_batch {global_batch} must divide by the world size {world}")
-    per_rank = global_batch // world
-    ddp = DDP(_mlp(batchnorm))
-    single = _mlp(batchnorm)                               # what one process with the whole batch trains
-    opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.5)
-    opt_single = torch.optim.SGD(single.parameters(), lr=0.5)
-    X, y = _data(global_batch * steps, seed=7)             # the same data on every rank
-    for step in range(steps):
-        Xb, yb = X[step * global_batch:(step + 1) * global_batch], y[step * global_batch:(step + 1) * global_batch]
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)  # (B/world,) rows of this rank
-        opt_ddp.zero_grad()
-        nn.functional.cross_entropy(ddp(Xb[mine]), yb[mine]).backward()
-        opt_ddp.step()
-        opt_single.zero_grad()
-        nn.functional.cross_entropy(single(Xb), yb).backward()
-        opt_single.step()
-    if rank != 0:
-        return None
-    return max((a - b).abs().max().item() for a, b in zip(ddp.module.parameters(), single.parameters()))
-
-
-def save_on_rank_zero(folder: str) -> dict[str, Any]:
-    """Train a step, save model.module.state_dict() on rank 0 only, barrier, then every rank loads it and compares."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .checkpoint import atomic_save
-
-    rank = dist.get_rank()
-    model = DDP(_mlp())
-    X, y = _data(16, seed=rank)
-    nn.functional.cross_entropy(model(X), y).backward()
-    torch.optim.SGD(model.parameters(), lr=0.1).step()
-    path = Path(folder, "model.pt")
-    if rank == 0:                                          # one writer
-        atomic_save(model.module.state_dict(), path)      # plain keys: no 'module.' prefix
-        with open(Path(folder, "train.log"), "a") as log:
-            log.write(f"saved {path.name}\n")
-    dist.barrier()                                         # nobody reads before rank 0 has written
-    plain = _mlp()
-    plain.load_state_dict(torch.load(path, weights_only=True))   # strict=True
-    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.module.parameters()))
-    return {"rank": rank, "first key": next(iter(plain.state_dict())), "loaded equals my weights": same}
-
-
-def fail_on_rank(fail_rank: int = 1, fail_at_step: int = 2, steps: int = 5) -> int:
-    """DDP training in which `fail_rank` raises at `fail_at_step`; returns the steps this rank completed."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_mlp())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    X, y = _data(8 * steps, seed=dist.get_rank())
-    for step in range(steps):
-        if dist.get_rank() == fail_rank and step == fail_at_step:
-            raise ValueError(f"rank {fail_rank}: corrupt batch at step {step}")
-        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
-        optimizer.zero_grad()
-        loss.backward()                                    # the other rank waits here for the failed one
-        optimizer.step()
-    return steps
-
-
-def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 4) -> int:
-    """DDP training in which rank 0 alone runs one more forward through the DDP model after every step.
-
-    Returns the steps completed. Whether that breaks the job depends on the collectives DDP issues in
-    forward: with BatchNorm it broadcasts the buffers (broadcast_buffers=True), without it none.
-    """
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(_mlp(batchnorm))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    X, y = _data(8 * steps, seed=dist.get_rank())
-    for step in range(steps):
-        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if dist.get_rank() == 0:
-            with contextlib.nullcontext() if grad else torch.no_grad():
-                model(X[:2])                               # rank 0 only: an extra forward through DDP
-    dist.barrier()
-    return steps
-
-
-# ---------------------------------------------------------------- timing 1 vs 2 processes, and an estimate
-
-def time_training(global_batch: int = 64, steps: int = 4, width: int = 16) -> dict[str, float]:
-    """In each rank: wall and CPU seconds per DDP step, seconds per compute-only step (no_sync) and per all-reduce."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .models import SmallCNN
-
-    world = dist.get_world_size()
-    torch.manual_seed(0)
-    model = DDP(SmallCNN(width=width))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(dist.get_rank())
-    X = torch.randn(global_batch // world, 3, 32, 32, generator=g)     # (B/world, 3, 32, 32)
-    y = torch.randint(0, 10, (global_batch // world,), generator=g)
-
-    def step(sync: bool) -> None:
-        with contextlib.nullcontext() if sync else model.no_sync():
-            loss = nn.functional.cross_entropy(model(X), y)
-            optimizer.zero_grad()
-            loss.backward()                                # with sync: the gradients are all-reduced here
-        optimizer.step()
-
-    grads = torch.zeros(sum(p.numel() for p in model.parameters()))   # (P,) all gradients in one buffer
-    timings: dict[str, list[float]] = {"step": [], "step cpu": [], "compute": [], "allreduce": []}
-    for i in range(steps + 1):                             # the first round warms up, untimed
-        for name, run in (("step", lambda: step(True)), ("compute", lambda: step(False)),
-                          ("allreduce", lambda: dist.all_reduce(grads))):
-            dist.barrier()
-            start, cpu = time.perf_counter(), time.process_time()
-            run()
-            if i:
-                timings[name].append(time.perf_counter() - start)
-                if name == "step":
-                    timings["step cpu"].append(time.process_time() - cpu)
-    result = {name: sorted(values)[len(values) // 2] for name, values in timings.items()}
-    result["gradient MB"] = grads.numel() * 4 / 1e6
-    return result
-
-
-@dataclass
-class ScalingResult:
-    """1 process against `world_size` processes on the same global batch, 1 thread each, measured in turns."""
-
-    one: dict[str, float]
-    many: dict[str, float]
-    world_size: int
-    global_batch: int
-
-    @property
-    def speedup(self) -> float:
-        """Wall time per step of 1 process over that of the multi-process run (> 1: the ranks were faster)."""
-        return self.one["step"] / self.many["step"]
-
-    @property
-    def cpu_ratio(self) -> float:
-        """CPU seconds per global batch, all ranks together, over those of 1 process (>= 1: no work saved)."""
-        return self.many["step cpu"] * self.world_size / self.one["step cpu"]
-
-    def estimate(self, devices: int) -> float:
-        """ESTIMATED speed-up on `devices` devices each as fast as one rank here: compute / devices + all-reduce.
-
-        Compute per image comes from the measured no_sync steps; the all-reduce time is scaled from the
-        measured one by the ring's 2(k-1)/k of the gradient bytes; no overlap of the two is assumed.
-        """
-        if not isinstance(devices, int) or devices < 1:
-            raise ValueError(f"devices must be a positive int, got {devices!r}")
-        per_image = self.many["compute"] / (self.global_batch / self.world_size)
-        ring = lambda k: 2 * (k - 1) / k                   # noqa: E731 - bytes each device sends per gradient byte
-        allreduce = self.many["allreduce"] / ring(self.world_size) * ring(devices) if devices > 1 else 0.0
-        single = per_image * self.global_batch
-        return single / (single / devices + allreduce)
-
-
-def measure_scaling(world_size: int = 2, global_batch: int = 64, steps: int = 4, rounds: int = 2,
-                    timeout_s: float = 120.0) -> ScalingResult:
-    """Time 1 process on the whole batch against `world_size` processes on a slice each, in alternating turns."""
-    runs: dict[int, list[dict[str, float]]] = {1: [], world_size: []}
-    for _ in range(rounds):
-        for size in (1, world_size):
-            run = run_ranks(time_training, size, timeout_s=timeout_s, global_batch=global_batch, steps=steps)
-            if not run.ok:
-                raise RuntimeError(f"timing run with {size} processes failed: {run.error}")
-            runs[size].append(run.results[0])
-    best = {size: {k: min(r[k] for r in rs) for k in rs[0]} for size, rs in runs.items()}
-    return ScalingResult(best[1], best[world_size], world_size, global_batch)
+# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
+__getattr__ = moved(__name__, {
+    "checksum": "ptlab.lessons.ch07_ddp.rank_functions",
+    "describe_rank": "ptlab.lessons.ch07_ddp.rank_functions",
+    "train_and_gather_checksums": "ptlab.lessons.ch07_ddp.rank_functions",
+    "sampler_shards": "ptlab.lessons.ch07_ddp.rank_functions",
+    "split_batch_vs_one_process": "ptlab.lessons.ch07_ddp.rank_functions",
+    "save_on_rank_zero": "ptlab.lessons.ch07_ddp.rank_functions",
+    "fail_on_rank": "ptlab.lessons.ch07_ddp.rank_functions",
+    "extra_forward_on_rank_zero": "ptlab.lessons.ch07_ddp.rank_functions",
+    "time_training": "ptlab.lessons.ch07_ddp.scaling",
+    "ScalingResult": "ptlab.lessons.ch07_ddp.scaling",
+    "measure_scaling": "ptlab.lessons.ch07_ddp.scaling",
+    "shown_command": "ptlab.course.notebook_text",
+    "mask_figures": "ptlab.course.notebook_text",
+})

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ptlab.claims import show
+
 LOG_NAME = "runs.jsonl"
 
 
@@ -112,7 +114,6 @@ class RunTable:
 
     def rows(self) -> list[list[str]]:
         """Header row, then one row of text per run."""
-        from .claims import show
 
         header = ["run", *self.config_keys, *self.metric_keys]
         body = [[r.name, *[str(r.config.get(k, "-")) for k in self.config_keys],

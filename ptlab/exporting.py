@@ -16,21 +16,11 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from ._legacy import moved
 from .claims import measured, measured_seconds
 from .compiling import quiet_compile_logs
 
 Shape = tuple[int, ...]
-
-
-class SoftmaxOverSequence(nn.Module):
-    """(B, T, 8) -> (B, T, 8): a linear map, then a softmax over the sequence dim T."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x).softmax(dim=1)
 
 
 def dynamic_shapes_for(dims: dict[int, str], *, max_size: int = 1024) -> dict[str, dict[int, torch.export.Dim]]:
@@ -153,14 +143,8 @@ def serialized_bytes(model: nn.Module) -> int:
     return buffer.getbuffer().nbytes
 
 
-def legacy_dynamic_int8(model: nn.Module) -> tuple[nn.Module, list[str]]:
-    """Linear layers quantized to int8 with torch.ao's deprecated quantize_dynamic, and the warnings it raised.
-
-    Kept to *measure* what dynamic int8 quantization does in this torch version; new code uses torchao's
-    `quantize_(model, Int8DynamicActivationInt8WeightConfig())` instead (not installed with the course).
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    messages = list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip()}" for w in caught))
-    return quantized, messages
+# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
+__getattr__ = moved(__name__, {
+    "SoftmaxOverSequence": "ptlab.lessons.ch08_compile_export.models",
+    "legacy_dynamic_int8": "ptlab.lessons.ch08_compile_export.quantization",
+})

@@ -9,7 +9,9 @@ Without `compute=` there is nothing to compare the waiting with: the report meas
 from __future__ import annotations
 
 import re
+import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -17,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from .claims import measured
-from .loading import usable_cpus
+from .workers import usable_cpus
 
 INPUT_BOUND_WAIT_SHARE = 0.3  # waiting more than this share of the time: the input pipeline is the limit
 _SAMPLE_ERROR = re.compile(r"sample (\d+) raised ([\w.]+): ")
@@ -128,21 +130,31 @@ def _count_samples(batch: Any) -> int:
     return 1
 
 
-def _with_index_reporting(loader: DataLoader) -> DataLoader:
-    """The same loader over IndexReportingDataset(dataset), sharing its sampler and settings."""
-    if isinstance(loader.dataset, IterableDataset):
-        return loader  # no indices to report
-    settings = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                    timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-                    multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
-                    persistent_workers=loader.persistent_workers)
+def _rebuild(loader: DataLoader, *, dataset: Dataset | None = None, num_workers: int | None = None) -> DataLoader:
+    """The same DataLoader (sampler, collate, generator, worker settings) over another dataset and/or num_workers."""
+    dataset = loader.dataset if dataset is None else dataset
+    workers = loader.num_workers if num_workers is None else num_workers
+    settings: dict[str, Any] = dict(num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                                    worker_init_fn=loader.worker_init_fn, generator=loader.generator)
     if hasattr(loader, "in_order"):
         settings["in_order"] = loader.in_order
-    if loader.num_workers > 0:
-        settings["prefetch_factor"] = loader.prefetch_factor
+    if workers > 0:                       # these settings exist only for worker processes
+        settings.update(timeout=loader.timeout, multiprocessing_context=loader.multiprocessing_context,
+                        persistent_workers=loader.persistent_workers)
+        if loader.num_workers > 0:
+            settings["prefetch_factor"] = loader.prefetch_factor
+    if isinstance(loader.dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **settings)
     if loader.batch_sampler is not None:
-        return DataLoader(IndexReportingDataset(loader.dataset), batch_sampler=loader.batch_sampler, **settings)
-    return DataLoader(IndexReportingDataset(loader.dataset), batch_size=None, sampler=loader.sampler, **settings)
+        return DataLoader(dataset, batch_sampler=loader.batch_sampler, **settings)
+    return DataLoader(dataset, batch_size=None, sampler=loader.sampler, **settings)
+
+
+def _with_index_reporting(loader: DataLoader) -> DataLoader:
+    """The same loader over IndexReportingDataset(dataset): a failing sample is then named by its index."""
+    if isinstance(loader.dataset, IterableDataset):
+        return loader  # no indices to report
+    return _rebuild(loader, dataset=IndexReportingDataset(loader.dataset))
 
 
 def _sample_error(err: Exception) -> LoaderCheckError | None:
@@ -179,23 +191,6 @@ def _verdict(wait_share: float, num_workers: int, has_compute: bool = True) -> t
                            "collation, cache decoded data, smaller files)")
 
 
-def _with_workers(loader: DataLoader, num_workers: int) -> DataLoader:
-    """The same DataLoader (dataset, sampler, collate, ...) with another num_workers."""
-    settings = dict(collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-                    generator=loader.generator)
-    if num_workers > 0:
-        settings.update(timeout=loader.timeout, multiprocessing_context=loader.multiprocessing_context,
-                        persistent_workers=loader.persistent_workers)
-        if loader.num_workers > 0:
-            settings["prefetch_factor"] = loader.prefetch_factor
-    if isinstance(loader.dataset, IterableDataset):
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
-                          num_workers=num_workers, **settings)
-    if loader.batch_sampler is not None:
-        return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, num_workers=num_workers, **settings)
-    return DataLoader(loader.dataset, batch_size=None, sampler=loader.sampler, num_workers=num_workers, **settings)
-
-
 def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, *, warmup_batches: int = 2,
                  max_batches: int = 50, workers: Iterable[int] | None = None) -> LoaderReport:
     """Iterate a loader, time waiting for each batch vs `compute(batch)`, and say which one limits throughput.
@@ -204,6 +199,22 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
     whether training would wait for it. `workers=(0, 1, 2)` (a DataLoader only) also measures the loader alone
     at each of those num_workers, one after the other, for the report's `samples_per_s_by_workers`.
     """
+    worker_counts = _check_args(loader, compute, warmup_batches, max_batches, workers)
+    by_workers = tuple((w, check_loader(_rebuild(loader, num_workers=w), warmup_batches=warmup_batches,
+                                        max_batches=max_batches).samples_per_s) for w in worker_counts)
+    num_workers = getattr(loader, "num_workers", 0)
+    if isinstance(loader, DataLoader):
+        loader = _with_index_reporting(loader)
+    timed = _timed_pass(loader, compute, warmup_batches, max_batches)
+    total = timed.wait_s + timed.compute_s
+    verdict, next_step = _verdict(timed.wait_s / total if total > 0 else 0.0, num_workers, compute is not None)
+    return LoaderReport(timed.batches, timed.samples, timed.wait_s, timed.compute_s, timed.first_batch_s,
+                        num_workers, verdict, next_step, by_workers)
+
+
+def _check_args(loader: Iterable, compute: Callable | None, warmup_batches: int, max_batches: int,
+                workers: Iterable[int] | None) -> list[int]:
+    """check_loader's argument checks; returns the worker counts to sweep (none without `workers`)."""
     if isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
         raise TypeError(f"loader must be an iterable of batches such as a torch DataLoader, "
                         f"got {type(loader).__name__}")
@@ -213,24 +224,30 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
         raise ValueError(f"warmup_batches must be an int >= 0, got {warmup_batches!r}")
     if not isinstance(max_batches, int) or max_batches < 1:
         raise ValueError(f"max_batches must be an int >= 1, got {max_batches!r}")
-    worker_counts = None if workers is None else list(workers)
-    if worker_counts is not None:
+    worker_counts = [] if workers is None else list(workers)
+    if workers is not None:
         if not worker_counts or any(not isinstance(w, int) or isinstance(w, bool) or w < 0 for w in worker_counts):
             raise ValueError(f"workers must be ints >= 0, such as (0, 1, 2), got {worker_counts!r}")
         if not isinstance(loader, DataLoader):
             raise TypeError(f"workers= needs a torch DataLoader to rebuild, got {type(loader).__name__}")
-    by_workers = tuple((w, check_loader(_with_workers(loader, w), warmup_batches=warmup_batches,
-                                        max_batches=max_batches).samples_per_s)
-                       for w in worker_counts) if worker_counts else ()
     dataset = getattr(loader, "dataset", None)
     if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
         raise ValueError("loader: its dataset is empty (len 0), so there is nothing to measure")
-    num_workers = getattr(loader, "num_workers", 0)
-    if isinstance(loader, DataLoader):
-        loader = _with_index_reporting(loader)
-    wait_s = compute_s = first_batch_s = 0.0
-    batches = samples = 0
-    seen = 0
+    return worker_counts
+
+
+@dataclass
+class _TimedPass:
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    compute_s: float = 0.0
+    first_batch_s: float = 0.0
+
+
+def _timed_pass(loader: Iterable, compute: Callable | None, warmup_batches: int, max_batches: int) -> _TimedPass:
+    """One pass: seconds waiting for each batch and computing on it, after `warmup_batches` untimed ones."""
+    timed, seen = _TimedPass(), 0
     batch_iter = iter(loader)
     try:
         while seen < warmup_batches + max_batches:
@@ -245,10 +262,10 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
                 compute(batch)
             computed = time.perf_counter() - start
             if seen == 0:
-                first_batch_s = waited
+                timed.first_batch_s = waited
             if seen >= warmup_batches:
-                wait_s, compute_s = wait_s + waited, compute_s + computed
-                batches, samples = batches + 1, samples + _count_samples(batch)
+                timed.wait_s, timed.compute_s = timed.wait_s + waited, timed.compute_s + computed
+                timed.batches, timed.samples = timed.batches + 1, timed.samples + _count_samples(batch)
             seen += 1
     except SampleLoadError as err:
         found = _sample_error(err) or LoaderCheckError(str(err))
@@ -259,21 +276,15 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
     if seen == 0:
         raise ValueError("loader: it yielded no batches (an empty dataset, or drop_last with fewer samples "
                          "than one batch)")
-    if batches == 0:
+    if timed.batches == 0:
         raise ValueError(f"loader: only {seen} batches, all used for warm-up; lower warmup_batches "
                          f"(now {warmup_batches}) or give it more data")
-    total = wait_s + compute_s
-    verdict, next_step = _verdict(wait_s / total if total > 0 else 0.0, num_workers, compute is not None)
-    return LoaderReport(batches, samples, wait_s, compute_s, first_batch_s, num_workers, verdict, next_step,
-                        by_workers)
+    return timed
 
 
 def throughput_by_workers(dataset: Dataset, worker_counts: Iterable[int] = (0, 1, 2), *, batch_size: int = 32,
                           max_batches: int = 16, repeats: int = 3, **loader_kwargs: Any) -> dict[int, float]:
     """Samples/s of the same dataset per num_workers, measured in interleaved rounds; the median of each."""
-    import statistics
-    import warnings
-
     counts = list(worker_counts)
     if not counts or any(not isinstance(w, int) or w < 0 for w in counts):
         raise ValueError(f"worker_counts must be ints >= 0, got {counts!r}")

@@ -9,13 +9,13 @@ dtypes, so they are exact facts, the same on every machine.
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
-
-from .diagnose import SavedTensors, storage_key  # SavedTensors: re-exported, chapter 5 imports it from here
 
 MiB = 2**20
 
@@ -71,3 +71,91 @@ def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, batch: 
     return MemoryBreakdown(parameters=tensor_bytes(params), gradients=gradients,
                            optimizer_state=tensor_bytes(state), activations=activations,
                            batch=tensor_bytes([X, y]))
+
+
+def storage_key(t: torch.Tensor) -> tuple[str, int, int]:
+    """(device type, address, bytes) of the storage under t: views of one storage share it."""
+    storage = t.untyped_storage()
+    return t.device.type, storage.data_ptr(), storage.nbytes()
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes autograd saves for backward while fn() runs, each saved storage counted once.
+
+    What autograd saves includes parameters (a Linear saves its weight to pass gradients back) and the
+    caller's input; pass them in `exclude` to count the rest, the activations, alone.
+    """
+    if not callable(fn):
+        raise TypeError(f"saved_tensor_bytes needs a callable, got {type(fn).__name__}")
+    with SavedTensors(exclude=exclude) as saved:
+        fn()
+    return saved.bytes
+
+
+class _SavedRecord:
+    """What the pack hook stores: the saved tensor, detached (holding an output's grad_fn would make a
+    reference cycle that keeps the graph alive), and weakly referable so we can see when it is freed."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class SavedTensors:
+    """Records, with torch.autograd.graph.saved_tensors_hooks, every tensor autograd saves for backward
+    inside `with SavedTensors() as saved:`. Afterwards saved.bytes is what was saved (each storage once),
+    and saved.held_bytes() how many bytes of it are still alive, i.e. kept by a graph that something
+    still references. Storages of `exclude` (the parameters, the input batch: they exist anyway) are
+    left out of `bytes`.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._exclude = {storage_key(t) for t in exclude}
+        self._saved: dict[tuple[str, int, int], int] = {}
+        self._records: list[weakref.ref] = []
+        self._hooks: Any = None
+
+    def _pack(self, t: torch.Tensor) -> _SavedRecord:
+        key = storage_key(t)
+        if key not in self._exclude:
+            self._saved[key] = key[-1]
+        record = _SavedRecord(t.detach())
+        self._records.append(weakref.ref(record))
+        return record
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the distinct storages autograd saved inside the block, `exclude` left out."""
+        return sum(self._saved.values())
+
+    def __enter__(self) -> "SavedTensors":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda record: record.tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def recorded(self) -> int:
+        """How many tensors autograd saved inside the block (alive or freed since)."""
+        return len(self._records)
+
+    def alive(self) -> int:
+        """How many of the recorded saved tensors are still alive now (after a garbage collection)."""
+        gc.collect()
+        return sum(ref() is not None for ref in self._records)
+
+    def held_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
+        """Bytes of saved tensors still alive now, leaving out the storages of `exclude` (weights, inputs)."""
+        gc.collect()
+        skip = {storage_key(t) for t in exclude}
+        held: dict[tuple[int, int], int] = {}
+        for ref in self._records:
+            record = ref()
+            if record is not None:
+                key = storage_key(record.tensor)
+                if key not in skip:
+                    held[key] = key[-1]
+        return sum(held.values())

@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ptlab.diagnose import diagnose_gradients
+
 from .claims import measured
 from .loop import check_model, eval_mode, resolve_device, unpack_batch
 
@@ -93,7 +95,6 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     if trainable and no_grad:
-        from .diagnose import diagnose_gradients
 
         found = diagnose_gradients(model, batch=(X, y), loss_fn=loss_fn).causes
         named = ", ".join(f"{n} ({found.get(n, 'no gradient')})" for n in no_grad[:4])

@@ -1,10 +1,10 @@
 """Small matplotlib figures shared by the widgets and the notebooks."""
 from __future__ import annotations
 
+from typing import Protocol
+
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
-
-from typing import Protocol
 
 
 class HasSeries(Protocol):

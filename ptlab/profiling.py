@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ptlab.claims import measured
+
 DATA, COMPUTE = "data", "compute"
 
 
@@ -43,7 +45,6 @@ class ProfileReport:
         share = self.data_share
         if share is None:
             return "no verdict: profile a step with both a 'data' and a 'compute' range (profile_training does)"
-        from .claims import measured
 
         if share > 0.5:
             return (f"input-bound: {measured(share * 100, 3)}% of the step waits for data. Try more DataLoader "
@@ -52,7 +53,6 @@ class ProfileReport:
                 "a smaller model, mixed precision (chapter 6) or torch.compile (chapter 8) may")
 
     def __str__(self) -> str:
-        from .claims import measured
 
         ranges = "\n".join(f"  {name:<10}{measured(ms)} ms" for name, ms in self.ranges_ms.items())
         parts = ["top operators by self CPU time:", self.table, "named ranges (total):", ranges]

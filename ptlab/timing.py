@@ -9,6 +9,8 @@ from typing import Callable
 
 import torch
 
+from .claims import format_seconds, measured, measured_seconds  # noqa: F401  (format_seconds: its old path)
+
 
 def _synchronize(device: torch.device | str | None) -> None:
     if device is not None and torch.device(device).type == "cuda":
@@ -46,8 +48,6 @@ class Timing:
         return statistics.median(self.seconds)
 
     def __str__(self) -> str:
-        from .claims import measured_seconds
-
         return f"{self.name}: median {measured_seconds(self.median)} over {len(self.seconds)} runs"
 
 
@@ -63,17 +63,7 @@ class Comparison:
         return self.a.median / self.b.median
 
     def __str__(self) -> str:
-        from .claims import measured
-
         return f"{self.a}\n{self.b}\n{self.a.name} / {self.b.name} = {measured(self.ratio, 3)}x"
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration in the unit that reads best: ns, µs, ms or s."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
 
 
 def time_callable(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 7,

@@ -12,8 +12,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .loop import (check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode,
-                   unpack_batch)
+from .loop import check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode, unpack_batch
+from .plots import show_figure
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -173,16 +173,61 @@ def fit(
 
     With a time budget, a new epoch starts only if the mean epoch time so far says it will end
     inside the budget (the first epoch of a call always runs). `scheduler.step()` is called once per
-    epoch, or after every batch with scheduler_step="batch" (OneCycleLR). Pass the History of an
-    earlier call as `history` to continue it: epochs are numbered on and appended to it.
+    epoch (ReduceLROnPlateau gets the `monitor` metric; give it mode="max" for an accuracy), or after
+    every batch with scheduler_step="batch" (OneCycleLR). Pass the History of an earlier call as
+    `history` to continue it: epochs are numbered on and appended to it.
 
-    Chapter 5's additions: with `checkpoint_dir`, every epoch ends with `last.pt` (model, optimizer,
-    scheduler, epoch, history, every RNG and the train loader's generator, written atomically) and,
-    when `monitor` (a History field such as "val_acc" or "val_loss") is the best so far, `best.pt`.
-    With `resume=True` a run picks up from `last.pt`, in this process or a new one, and `epochs`
-    counts the epochs of the whole run: a run of 4 interrupted after 2 trains 2 more, bit for bit as
-    if never interrupted on the same machine. `early_stopping=k` stops after k epochs without a new best.
+    With `checkpoint_dir`, every epoch ends with `last.pt` (model, optimizer, scheduler, GradScaler, epoch,
+    history, every RNG and the train loader's `generator`, written atomically) and, when `monitor` (a
+    History field such as "val_acc" or "val_loss") is the best so far, `best.pt`. With `resume=True` a run
+    picks up from `last.pt` (see resume_run), in this process or a new one, and `epochs` counts the epochs
+    of the whole run: a run of 4 interrupted after 2 trains 2 more, bit for bit as if never interrupted on
+    the same machine. The guarantee is for a run stopped at an epoch boundary whose randomness comes from
+    the global RNGs, DataLoader(generator=...) or its sampler's `generator`; state kept elsewhere (a numpy
+    Generator inside your Dataset, say) is not saved, and a run killed mid-epoch resumes from the last
+    finished epoch.
+    `early_stopping=k` stops after k epochs without a new best.
     """
+    _check_fit_args(model, train_loader, val_loader, epochs, time_budget_s, scheduler_step, history,
+                    checkpoint_dir, resume, monitor, early_stopping)
+    device = resolve_device(model, device)
+    history = history if history is not None else History()
+    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if resume and (folder / "last.pt").is_file():
+        history = resume_run(folder, model, optimizer, scheduler, train_loader, scaler)
+    first_epoch = history.epoch[-1] + 1 if history.epoch else 1
+    max_epochs = epochs if epochs is not None else 10**9
+    if resume:
+        max_epochs = epochs - len(history.epoch)
+    bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
+    start = time.perf_counter()
+    for epoch in range(first_epoch, first_epoch + max_epochs):
+        if time_budget_s is not None and epoch > first_epoch and _would_pass_budget(history, start, time_budget_s):
+            break
+        epoch_start = time.perf_counter()
+        train = train_one_epoch(model, train_loader, optimizer, loss_fn, device, scaler, autocast_dtype,
+                                scheduler=scheduler if scheduler_step == "batch" else None)
+        val = evaluate(model, val_loader, loss_fn, device)
+        if scheduler is not None and scheduler_step == "epoch":
+            _step_scheduler(scheduler, val[monitor.removeprefix("val_")] if monitor.startswith("val_") else None)
+        is_best = _record_epoch(history, epoch, train, val, time.perf_counter() - epoch_start, monitor)
+        bar.update(1)
+        bar.set_postfix(train_acc=f"{train['acc']:.3f}", val_acc=f"{val['acc']:.3f}", loss=f"{train['loss']:.3f}")
+        if folder is not None:
+            _save_epoch(folder, model, optimizer, scheduler, train_loader, scaler, history, epoch, is_best)
+        if early_stopping is not None and history.best_epoch is not None \
+                and epoch - history.best_epoch >= early_stopping:
+            history.stopped_early = True
+            break
+    bar.close()
+    if plot:
+        show_figure(history.plot())
+    return history
+
+
+def _check_fit_args(model, train_loader, val_loader, epochs, time_budget_s, scheduler_step, history,
+                    checkpoint_dir, resume, monitor, early_stopping) -> None:
+    """fit's argument checks: a clear error naming the argument, before any epoch runs."""
     check_model(model)
     check_loader(train_loader, "train_loader")
     check_loader(val_loader, "val_loader")
@@ -203,67 +248,86 @@ def fit(
         raise ValueError("resume=True needs epochs: the length of the whole run")
     if monitor not in History.__dataclass_fields__ or monitor in ("epoch", "seconds"):
         raise ValueError(f"monitor must be a History curve such as 'val_acc' or 'val_loss', got {monitor!r}")
-    if early_stopping is not None and (not isinstance(early_stopping, int) or early_stopping < 1):
+    if early_stopping is not None and (not isinstance(early_stopping, int) or isinstance(early_stopping, bool)
+                                       or early_stopping < 1):
         raise ValueError(f"early_stopping must be a positive int (epochs without improvement) or None, "
                          f"got {early_stopping!r}")
-    device = resolve_device(model, device)
-    history = history if history is not None else History()
-    generators = _loader_generators(train_loader)
-    folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if resume and (folder / "last.pt").is_file():
-        state = load_checkpoint(folder / "last.pt", model, optimizer, scheduler, generators=generators)
-        history = History(**state.extra["history"])
-    first_epoch = history.epoch[-1] + 1 if history.epoch else 1
-    max_epochs = epochs if epochs is not None else 10**9
-    if resume:
-        max_epochs = epochs - len(history.epoch)
-    better = (lambda new, old: new < old) if monitor.endswith("loss") else (lambda new, old: new > old)
-    bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
-    start = time.perf_counter()
-    for epoch in range(first_epoch, first_epoch + max_epochs):
-        if time_budget_s is not None and epoch > first_epoch:
-            expected_end = time.perf_counter() - start + sum(history.seconds) / len(history.seconds)
-            if expected_end > time_budget_s:
-                break
-        epoch_start = time.perf_counter()
-        train = train_one_epoch(model, train_loader, optimizer, loss_fn, device, scaler, autocast_dtype,
-                                scheduler=scheduler if scheduler_step == "batch" else None)
-        val = evaluate(model, val_loader, loss_fn, device)
-        if scheduler is not None and scheduler_step == "epoch":
-            scheduler.step()
-        history.epoch.append(epoch)
-        history.train_loss.append(train["loss"])
-        history.train_acc.append(train["acc"])
-        history.val_loss.append(val["loss"])
-        history.val_acc.append(val["acc"])
-        history.seconds.append(time.perf_counter() - epoch_start)
-        bar.update(1)
-        bar.set_postfix(train_acc=f"{train['acc']:.3f}", val_acc=f"{val['acc']:.3f}", loss=f"{train['loss']:.3f}")
-        curve = getattr(history, monitor)
-        best_before = [v for v in curve[:-1]]
-        is_best = not best_before or better(curve[-1], min(best_before) if monitor.endswith("loss") else max(best_before))
-        if is_best:
-            history.best_epoch = epoch
-        if folder is not None:
-            extra = {"history": history.as_dict()}
-            save_checkpoint(folder / "last.pt", model, optimizer, scheduler, epoch=epoch,
-                            generators=generators, extra=extra)
-            if is_best:
-                save_checkpoint(folder / "best.pt", model, optimizer, scheduler, epoch=epoch,
-                                generators=generators, extra=extra)
-        if early_stopping is not None and history.best_epoch is not None \
-                and epoch - history.best_epoch >= early_stopping:
-            history.stopped_early = True
-            break
-    bar.close()
-    if plot:
-        from .plots import show_figure
 
-        show_figure(history.plot())
-    return history
+
+def _would_pass_budget(history: History, start: float, time_budget_s: float) -> bool:
+    """Whether one more epoch of the mean length so far would end after the budget."""
+    return time.perf_counter() - start + sum(history.seconds) / len(history.seconds) > time_budget_s
+
+
+def _step_scheduler(scheduler: Any, metric: float | None) -> None:
+    """One epoch's scheduler step; ReduceLROnPlateau gets the monitored validation metric it needs."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if metric is None:
+            raise ValueError("ReduceLROnPlateau needs a validation metric: monitor 'val_loss' or 'val_acc'")
+        scheduler.step(metric)
+    else:
+        scheduler.step()
+
+
+def _is_improvement(monitor: str, new: float, earlier: list[float]) -> bool:
+    """Whether `new` beats every earlier value of the monitored curve (lower for a loss, higher otherwise)."""
+    if not earlier:
+        return True
+    return new < min(earlier) if monitor.endswith("loss") else new > max(earlier)
+
+
+def _record_epoch(history: History, epoch: int, train: dict, val: dict, seconds: float, monitor: str) -> bool:
+    """Append one epoch to the history; returns whether it is the best so far by `monitor`."""
+    history.epoch.append(epoch)
+    history.train_loss.append(train["loss"])
+    history.train_acc.append(train["acc"])
+    history.val_loss.append(val["loss"])
+    history.val_acc.append(val["acc"])
+    history.seconds.append(seconds)
+    curve = getattr(history, monitor)
+    is_best = _is_improvement(monitor, curve[-1], curve[:-1])
+    if is_best:
+        history.best_epoch = epoch
+    return is_best
+
+
+def _save_epoch(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                train_loader: Iterable, scaler: torch.amp.GradScaler | None, history: History, epoch: int,
+                is_best: bool) -> None:
+    """last.pt after every epoch, and best.pt when this epoch is the best so far."""
+    extra: dict[str, Any] = {"history": history.as_dict()}
+    if scaler is not None:
+        extra["scaler"] = scaler.state_dict()
+    generators = _loader_generators(train_loader)
+    for name in ("last.pt", "best.pt") if is_best else ("last.pt",):
+        save_checkpoint(folder / name, model, optimizer, scheduler, epoch=epoch, generators=generators, extra=extra)
+
+
+def resume_run(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+               train_loader: Iterable | None = None, scaler: torch.amp.GradScaler | None = None,
+               map_location: torch.device | str | None = None) -> History:
+    """Restore a run from folder/last.pt as fit wrote it; returns its History (the epochs done).
+
+    Model, optimizer, scheduler, every RNG, the train loader's shuffling generator and the GradScaler all
+    continue where the run stopped, so the next epoch is bit for bit the one an uninterrupted run would train.
+    """
+    path = Path(folder) / "last.pt"
+    state = load_checkpoint(path, model, optimizer, scheduler, map_location=map_location,
+                            generators=_loader_generators(train_loader))
+    if "history" not in state.extra:
+        raise ValueError(f"{path} holds no training history: it was not written by ptlab.train.fit")
+    if scaler is not None and "scaler" in state.extra:
+        scaler.load_state_dict(state.extra["scaler"])
+    return History(**state.extra["history"])
 
 
 def _loader_generators(loader: Any) -> dict[str, torch.Generator]:
-    """The generator a DataLoader shuffles with, if it was given one, to checkpoint with the run."""
-    generator = getattr(loader, "generator", None)
-    return {"train_loader": generator} if isinstance(generator, torch.Generator) else {}
+    """The generators a loader shuffles with (its own, its sampler's if that holds another), to checkpoint with the run."""
+    found: dict[str, torch.Generator] = {}
+    generator = getattr(loader, "generator", None) if loader is not None else None
+    if isinstance(generator, torch.Generator):
+        found["train_loader"] = generator
+    sampler_generator = getattr(getattr(loader, "sampler", None), "generator", None)
+    if isinstance(sampler_generator, torch.Generator) and sampler_generator is not generator:
+        found["train_sampler"] = sampler_generator
+    return found

@@ -22,12 +22,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from .checkpoint import load_checkpoint
+from ptlab.profiling import profile_training
+
 from .core import get_device
 from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
 from .experiments import log_run
 from .models import SmallCNN
-from .train import History, evaluate, fit
+from .train import evaluate, fit, resume_run
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -154,11 +155,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     history = None
     if args.resume:                                    # every rank reads the same file; the plain model's keys
-        state = load_checkpoint(folder / "last.pt", model, optimizer, map_location=device)
-        history = History(**state.extra["history"])
-        say(f"resumed from {folder / 'last.pt'} after epoch {state.epoch}")
+        history = resume_run(folder, model, optimizer, train_loader=train_loader, scaler=scaler, map_location=device)
+        say(f"resumed from {folder / 'last.pt'} after epoch {history.epoch[-1]}")
     if args.profile and main:                          # a copy, on rank 0 only: no collective involved
-        from .profiling import profile_training
 
         probe = copy.deepcopy(model)
         print(profile_training(probe, train_loader.loader, torch.optim.AdamW(probe.parameters()), steps=5))

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import ptlab
-from ptlab.nbrun import cell_marks, code_cells
+from ptlab.course.nbrun import cell_marks, code_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 WARNING_WORDS = ("FutureWarning", "DeprecationWarning")

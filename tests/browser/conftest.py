@@ -5,7 +5,6 @@ import json
 import signal
 
 import pytest
-
 from labdriver import ARTIFACTS, copy_course, jupyterlab, launch_chromium
 
 TIMINGS: dict[str, float] = {}

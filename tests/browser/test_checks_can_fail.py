@@ -10,14 +10,13 @@ import textwrap
 
 import nbformat
 import pytest
-
 from labdriver import ARTIFACTS, WIDGET_EXTENSION, check_notebook, jupyterlab
 
 pytestmark = pytest.mark.browser
 
 EXPLODING_MODULE = '''
 """A throwaway pitfall whose reproduction raises, for the tests of the browser tests."""
-from ptlab.pitfalls import Outcome, pitfall
+from ptlab.course.pitfalls import Outcome, pitfall
 
 
 @pitfall(id="exploding-probe", chapter=99, title="A reproduction that raises", symptom="it raises",

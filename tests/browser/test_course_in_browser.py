@@ -9,7 +9,6 @@ new chapter is covered without editing this file.
 from __future__ import annotations
 
 import pytest
-
 from labdriver import ARTIFACTS, REPO, SHOW_PITFALL, check_notebook, course_notebooks
 
 pytestmark = pytest.mark.browser

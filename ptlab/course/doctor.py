@@ -1,0 +1,201 @@
+"""`python -m ptlab doctor`: is this laptop ready for the course?"""
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ptlab.amp import native_bf16
+from ptlab.compiling import quiet_compile_logs
+from ptlab.core import choose_device
+from ptlab.data import DATASET_FILE, verify_dataset
+
+LOCK_FILE = Path(__file__).resolve().parents[2] / "requirements.lock"
+
+
+def pinned_versions(lock: Path = LOCK_FILE) -> dict[str, str]:
+    """Exact versions from requirements.lock (the one place they are pinned); empty outside a checkout."""
+    if not lock.is_file():
+        return {}
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^ \\;]+)", lock.read_text(encoding="utf-8"), flags=re.M)
+    return {name.lower(): version for name, version in pins}
+
+
+@dataclass
+class Check:
+    """One line of the report: what, the finding, and whether the course can go on without it."""
+
+    name: str
+    finding: str
+    ok: bool = True
+    required: bool = True
+    fix: str = ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_check(package: str, fix: str) -> Check:
+    found = _version(package)
+    pinned = pinned_versions().get(package)
+    if found is None:
+        return Check(package, "not installed", ok=False, fix=fix)
+    if pinned and found.split("+")[0] != pinned:
+        return Check(package, f"{found} (the course's outputs were made with {pinned})", ok=False, fix=fix)
+    return Check(package, found)
+
+
+def _bf16_autocast(device: torch.device) -> Check:
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            out = torch.ones(4, 4, device=device) @ torch.ones(4, 4, device=device)
+        ok = out.dtype == torch.bfloat16
+        return Check("bf16 autocast", f"works on {device.type}" if ok else f"gives {out.dtype}",
+                     ok=ok, required=False, fix="chapter 6 (mixed precision) then compares float32 only")
+    except Exception as err:
+        return Check("bf16 autocast", f"unavailable on {device.type}: {type(err).__name__}", ok=False,
+                     required=False, fix="chapter 6 (mixed precision) then compares float32 only")
+
+
+def _cpu_instructions() -> Check:
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = "native bf16" if native_bf16() else "no native bf16 (bf16 autocast is slower than float32 here)"
+    return Check("CPU instructions", f"{capability} kernels, {bf16}", required=False)
+
+
+INDUCTOR_COMPILER = "C++ compiler (torch.compile on CPU)"
+_COMPILER_FIX = ("install a C++ compiler for chapter 8 (Debian/Ubuntu: sudo apt install g++; Fedora: sudo dnf install "
+                 "gcc-c++; macOS: xcode-select --install; Windows: Visual Studio Build Tools); until then "
+                 "torch.compile(backend='eager'), torch.export and ONNX export still work")
+
+
+def inductor_compiler_check() -> Check:
+    """Whether Inductor, torch.compile's default backend, finds a C++ compiler that runs (it builds C++ on CPU)."""
+    import subprocess
+
+    names = [os.environ.get("CXX", "").split(" ")[0]] + ["g++", "clang++", "c++"]
+    found = next((shutil.which(n) for n in names if n and shutil.which(n)), None)
+    if found is None:
+        return Check(INDUCTOR_COMPILER, "not found (looked for $CXX, g++, clang++, c++)", ok=False, required=False,
+                     fix=_COMPILER_FIX)
+    name = os.path.basename(found)
+    try:
+        subprocess.run([found, "--version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as err:
+        return Check(INDUCTOR_COMPILER, f"{name} found but does not run ({type(err).__name__})", ok=False,
+                     required=False, fix=_COMPILER_FIX)
+    return Check(INDUCTOR_COMPILER, name)
+
+
+INDUCTOR_BUILD = "torch.compile build"
+_FIRST_COMPILE = f"""
+import time, torch
+from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+use_inductor_cache_per_cpu_capability()
+start = time.perf_counter()
+with quiet_compile_logs():
+    torch.compile(lambda x: torch.sin(x) + 1)(torch.randn(8))
+print(f"{{time.perf_counter() - start:.1f}}")
+"""
+
+
+def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
+    """Compile a one-line function with Inductor in a fresh process (the environment's CPU capability).
+
+    It proves that the whole chain builds, not only that a compiler exists, and it leaves Inductor's
+    on-disk cache for this CPU capability warm: the one-time build of its C++ header (10-20 s on two
+    cores) happens here, when the machine is prepared, instead of in chapter 8's first compile.
+    """
+    import subprocess
+
+    if not compiler.ok:
+        return Check(INDUCTOR_BUILD, "not tried: no C++ compiler", ok=False, required=False, fix=compiler.fix)
+    try:
+        done = subprocess.run([sys.executable, "-c", _FIRST_COMPILE], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Check(INDUCTOR_BUILD, f"a one-line compile did not finish in {timeout_s:.0f} s", ok=False,
+                     required=False, fix="chapter 8 will be slow here; close other programs and rerun make doctor")
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "Error" in line] or ["no error line"]
+        return Check(INDUCTOR_BUILD, f"a one-line compile failed: {errors[-1].strip()[:200]}", ok=False,
+                     required=False, fix=_COMPILER_FIX)
+    return Check(INDUCTOR_BUILD, f"a one-line function compiled in {done.stdout.strip()} s; "
+                                 "Inductor's cache for this CPU is now warm", required=False)
+
+
+def _dataset() -> Check:
+    try:
+
+        digest = verify_dataset()
+        return Check("embedded dataset", f"{DATASET_FILE.name} sha256 {digest[:12]}… ok")
+    except Exception as err:  # DatasetError says what to do
+        return Check("embedded dataset", str(err), ok=False, fix="see the message above")
+
+
+def _jupyter() -> list[Check]:
+    checks = [_version_check("jupyterlab", "make lab installs it"),
+              _version_check("ipywidgets", "make lab installs it")]
+    lab_ext = _version("jupyterlab_widgets")
+    checks.append(Check("ipywidgets lab extension", f"jupyterlab_widgets {lab_ext}" if lab_ext else "not installed",
+                        ok=lab_ext is not None, fix="pip install jupyterlab_widgets (make lab does it)"))
+    return checks
+
+
+def _device() -> tuple[Check, torch.device]:
+    try:
+        choice = choose_device()
+    except (ValueError, RuntimeError) as err:  # a PTLAB_DEVICE this machine cannot honour
+        return Check("device", str(err), ok=False,
+                     fix="unset PTLAB_DEVICE (the course picks cuda, mps or cpu itself) or set it to cpu"), \
+            torch.device("cpu")
+    return Check("device", str(choice), required=False), choice.device
+
+
+def run_checks() -> list[Check]:
+    """Every readiness check, in the order the report prints them."""
+    device_check, device = _device()
+    checks = [
+        Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer"),
+        _version_check("torch", "make lab installs the pinned version from requirements.lock"),
+        _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
+        device_check,
+        _bf16_autocast(device),
+        (compiler := inductor_compiler_check()),
+        inductor_build_check(compiler),
+        Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
+              required=False),
+        _cpu_instructions(),
+        _dataset(),
+        *_jupyter(),
+    ]
+    return checks
+
+
+def report(checks: list[Check]) -> tuple[str, int]:
+    """The printed report and the exit code: 1 if anything required is missing."""
+    width = max(len(c.name) for c in checks) + 2
+    lines = ["ptlab doctor"]
+    for c in checks:
+        mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+        lines.append(f"  [{mark}] {c.name:<{width}}{c.finding}")
+        if not c.ok and c.fix:
+            lines.append(f"         {'':<{width}}-> {c.fix}")
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:
+        lines.append(f"NOT READY: the course needs {', '.join(missing)}: follow the -> lines above "
+                     "(`make lab` installs every missing package).")
+    else:
+        lines.append("READY: everything the course needs is here.")
+    return "\n".join(lines), 1 if missing else 0

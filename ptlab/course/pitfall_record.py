@@ -1,0 +1,140 @@
+"""The pitfall record: buggy vs fixed code in one function, and the measured outcome."""
+from __future__ import annotations
+
+import inspect
+import re
+import textwrap
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ptlab.claims import Check, show
+from ptlab.course.topics import refuse_second_id
+
+Number = int | float
+
+_ID_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_REGISTRY: dict[str, "Pitfall"] = {}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run measured: named figures, series to plot, and the checks that decide the symptom.
+
+    The symptom shows (`broken`) when every check holds. A check is a statement with its measured
+    value and its bound, so the verdict prints exactly what was asserted. Figures and check values
+    follow one display rule (`ptlab.claims.show`): floats are measured ('≈', masked by nbval),
+    ints, bools and strings are exact.
+    """
+
+    figures: dict[str, Number | str]
+    checks: list[Check]
+    series: dict[str, list[float]] = field(default_factory=dict)
+    x_label: str = "step"
+
+    def __post_init__(self) -> None:
+        if not self.checks or not all(isinstance(c, Check) for c in self.checks):
+            raise TypeError("Outcome.checks must be a non-empty list of ptlab.claims.Check")
+        for name, values in self.series.items():
+            if not all(isinstance(v, (int, float)) for v in values):
+                raise TypeError(f"Outcome.series[{name!r}] must hold plain numbers (call .item() on tensors)")
+
+    @property
+    def broken(self) -> bool:
+        """The symptom shows: every check holds."""
+        return all(check.holds for check in self.checks)
+
+    def formatted_figures(self) -> dict[str, str]:
+        """Figures as text by the one display rule: floats measured ('≈'), everything else exact."""
+        return {name: show(value) for name, value in self.figures.items()}
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    """A registered pitfall: who it is, what goes wrong, why, how to catch it, and its reproduction."""
+
+    id: str
+    chapter: int
+    title: str
+    symptom: str
+    why: str
+    catch: str
+    reproduce: Callable[[bool], Outcome]
+
+    def run(self, buggy: bool = True) -> Outcome:
+        """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured.
+
+        Reproductions seed what they use; the caller's torch (CPU and CUDA), NumPy and `random`
+        states are restored afterwards, so running a pitfall never changes the learner's own results.
+        """
+        with preserved_random_state():
+            outcome = self.reproduce(buggy=bool(buggy))
+        if not isinstance(outcome, Outcome):
+            raise TypeError(f"pitfall {self.id!r} returned {type(outcome).__name__}, expected Outcome")
+        return outcome
+
+    @property
+    def source(self) -> str:
+        """The reproduction's source code, as the learner reads it (decorator left out)."""
+        lines = textwrap.dedent(inspect.getsource(self.reproduce)).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("def "))
+        return "\n".join(lines[start:])
+
+    def marked_lines(self) -> list[tuple[str, str | None]]:
+        """Each source line with its marker: 'BUG', 'FIX' or None."""
+        return [(line, _marker(line)) for line in self.source.splitlines()]
+
+    def summary(self) -> dict[str, object]:
+        """The catalogue entry (everything but the code), JSON-ready."""
+        return {"id": self.id, "chapter": self.chapter, "title": self.title, "symptom": self.symptom,
+                "why": self.why, "catch": self.catch}
+
+
+@contextmanager
+def preserved_random_state():
+    """Restore torch's CPU and CUDA generators, NumPy's global one and `random` on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
+def _marker(line: str) -> str | None:
+    comment = line.split("#", 1)[1] if "#" in line else ""
+    for tag in ("BUG", "FIX"):
+        if re.match(rf"\s*{tag}\b", comment):
+            return tag
+    return None
+
+
+def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str):
+    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record."""
+
+    def register(fn: Callable[[bool], Outcome]) -> Callable[[bool], Outcome]:
+        if not _ID_PATTERN.match(id):
+            raise ValueError(f"pitfall id {id!r} must be lowercase words joined by '-'")
+        refuse_second_id(_REGISTRY, "pitfall", id, fn, lambda p: p.reproduce)
+        if "buggy" not in inspect.signature(fn).parameters:
+            raise TypeError(f"pitfall {id!r}: the reproduction must take a `buggy` argument")
+        record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn)
+        markers = {m for _, m in record.marked_lines()}
+        if not {"BUG", "FIX"} <= markers:
+            raise ValueError(f"pitfall {id!r}: mark the differing lines with '# BUG' and '# FIX' comments")
+        _REGISTRY[id] = record
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, Pitfall]:
+    """Every pitfall registered so far, by id (topic modules register on import)."""
+    return dict(_REGISTRY)

@@ -1,0 +1,100 @@
+"""Registered pitfalls: every `pitfalls*.py` of ptlab/lessons/chNN_*/, discovered automatically."""
+from __future__ import annotations
+
+from ptlab.claims import MEASURED, Check, claim
+from ptlab.course.pitfall_record import Outcome, Pitfall, pitfall, registered
+from ptlab.course.topics import import_lesson_modules
+
+__all__ = ["Check", "Outcome", "Pitfall", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "compare_pitfall",
+           "PitfallComparison"]
+
+
+def _load_topics() -> None:
+    import_lesson_modules("pitfalls")
+
+
+def all_pitfalls(chapter: int | None = None) -> list[Pitfall]:
+    """Every pitfall of the course (or of one chapter), ordered by chapter then registration."""
+    _load_topics()
+    records = list(registered().values())
+    if chapter is not None:
+        records = [p for p in records if p.chapter == chapter]
+    return sorted(records, key=lambda p: p.chapter)
+
+
+def get_pitfall(pitfall_id: str) -> Pitfall:
+    """The pitfall with this id; a KeyError lists the known ids when there is none."""
+    _load_topics()
+    records = registered()
+    if pitfall_id not in records:
+        known = ", ".join(sorted(records))
+        raise KeyError(f"no pitfall with id {pitfall_id!r}; known ids: {known}")
+    return records[pitfall_id]
+
+
+def run_pitfall(pitfall_id: str, buggy: bool = True) -> Outcome:
+    """Run one pitfall's reproduction with the bug on or off."""
+    return get_pitfall(pitfall_id).run(buggy=buggy)
+
+
+class PitfallComparison:
+    """A pitfall run both ways; printing it gives a side-by-side table of the figures."""
+
+    # Columns are as wide as the exact values need, never the measured ones, so that a table lines up
+    # the same way on every machine (nbval masks a measured figure together with its padding).
+    MEASURED_WIDTH = 12
+
+    def __init__(self, record: Pitfall, buggy: Outcome, fixed: Outcome):
+        self.record, self.buggy, self.fixed = record, buggy, fixed
+
+    def table(self) -> str:
+        """Figures of both runs side by side, as fixed-width text."""
+        bug, fix = self.buggy.formatted_figures(), self.fixed.formatted_figures()
+        names = list(dict.fromkeys([*bug, *fix]))
+        width = max(len(n) for n in names) + 2 if names else 2
+        exact_widths = [len(v) for v in [*bug.values(), *fix.values()] if not v.startswith(MEASURED)]
+        col = max(exact_widths + [self.MEASURED_WIDTH, len("bug on")]) + 2
+        lines = [f"{self.record.id}", f"  {'':<{width}}{'bug on':<{col}}fixed"]
+        lines += [f"  {n:<{width}}{bug.get(n, '-'):<{col}}{fix.get(n, '-')}".rstrip() for n in names]
+        return "\n".join(lines)
+
+    def verdict_lines(self) -> list[str]:
+        """One line per check: with the bug on each holds, fixed none does."""
+        return ([f"bug on: {c.line()}" for c in self.buggy.checks]
+                + [f"fixed: {c.line()}" for c in self.fixed.checks])
+
+    def plot(self):
+        """Both runs' series in one figure (None when the pitfall has no series)."""
+        from ptlab.plots import plot_series
+
+        return plot_series({"bug on": self.buggy, "fixed": self.fixed}, title=self.record.title)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def _ipython_display_(self) -> None:
+        # compare_pitfall() already printed the table; `print(comparison)` shows it again.
+        pass
+
+
+def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
+    """Run a pitfall buggy and fixed, print the figures side by side, and assert each check both ways.
+
+    With the bug on, every check must hold (the symptom shows); fixed, none may (it is gone).
+    """
+    record = get_pitfall(pitfall_id)
+    comparison = PitfallComparison(record, record.run(buggy=True), record.run(buggy=False))
+    print(comparison.table())
+    for check in comparison.buggy.checks:
+        claim(f"bug on: {check.line()}", check.holds)
+    for check in comparison.fixed.checks:
+        claim(f"fixed: {check.line()}", not check.holds)
+    if plot:
+        from ptlab.plots import show_figure
+
+        fig = comparison.plot()
+        if fig is not None:
+            show_figure(fig)
+    return comparison
+
+

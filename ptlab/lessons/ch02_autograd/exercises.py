@@ -1,0 +1,117 @@
+"""Chapter 2 exercises: find a layer that does not train, keep a loss term in the graph, clip a step."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ptlab.course.exercises import Wrong, calls_stub, exercise
+
+
+class GatedRegressor(nn.Module):
+    """A small model with a gate; one of its layers never trains (the exercise is to find which, and why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Linear(4, 8)
+        self.gate = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.features(x))                   # (B, 8)
+        open_units = (self.gate(x) > 0).float()            # (B, 8): 1 where the gate is open
+        return self.head(h * open_units)                   # (B, 1)
+
+
+def gated_model_and_batch(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """The exercise's model and one batch (X (32, 4), y (32, 1)), seeded."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(32, 4, generator=g)
+    return GatedRegressor(), (X, X.sum(dim=1, keepdim=True))
+
+
+@exercise(
+    id="ch2-why-no-training", chapter=2,
+    task="find which layer of gated_model_and_batch()'s model never trains and why: answer "
+         "(module name, cause), the cause as diagnose_gradients names it",
+    hint="read the forward: through which op can no gradient flow? Or let the detector of section 10 say it: "
+         "run diagnose_gradients on gated_model with batch=gated_batch and an MSE loss, and read its table",
+)
+def check_why_no_training(answer) -> None:
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
+        raise Wrong("answer with two strings, e.g. ('features', 'detach').")
+    module, cause = answer
+    if module != "gate":
+        raise Wrong(f"{module!r} does get a gradient; look for the layer whose parameters are listed.")
+    if cause != "non-differentiable":
+        raise Wrong(f"{cause!r} is not it: what does `>` return, and can a gradient flow through it?")
+
+
+@exercise(
+    id="ch2-penalty-in-graph", chapter=2,
+    task="write weight_penalty(model) returning the sum of squared weights of every parameter as a "
+         "tensor that stays in the graph",
+    hint="a Python number (from .item(), float() or torch.tensor(...)) carries no graph; combine the "
+         "parameters with tensor operations only, and keep every partial result a tensor",
+)
+def check_penalty_in_graph(weight_penalty) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    penalty = calls_stub(weight_penalty, model)
+    if not isinstance(penalty, torch.Tensor):
+        raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
+    expected = sum(p.detach().pow(2).sum() for p in model.parameters())
+    if penalty.numel() != 1 or not torch.allclose(penalty.detach().reshape(()), expected):
+        shown = ", ".join(f"{v:.4f}" for v in penalty.detach().flatten()[:3].tolist())
+        raise Wrong(f"the value is {shown}, expected {expected.item():.4f}.")
+    if not penalty.requires_grad:
+        raise Wrong("the value is right but it has no grad_fn: the penalty cannot train anything.")
+    grads = torch.autograd.grad(penalty.reshape(()), list(model.parameters()), allow_unused=True)
+    if any(g is None or not torch.allclose(g, 2 * p.detach()) for g, p in zip(grads, model.parameters())):
+        raise Wrong("the gradient of sum(w^2) should be 2w for every parameter, biases included.")
+
+
+def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor, y: torch.Tensor,
+                    max_norm: float) -> float:
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X), y).backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    return norm.item()
+
+
+@exercise(
+    id="ch2-clipped-step", chapter=2,
+    task="write clipped_step(model, opt, X, y, max_norm): one SGD step on the MSE loss with the gradient "
+         "norm clipped to max_norm; return the norm before clipping as a float",
+    hint="clipping rescales .grad, so it has to sit where the gradients exist and the step has not used "
+         "them yet; the clipping function already tells you the norm it saw",
+)
+def check_clipped_step(clipped_step) -> None:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    X = 10 * torch.randn(16, 3, generator=g)               # large inputs: the raw gradient norm is far above 1
+    y = torch.randn(16, 1, generator=g)
+    theirs = nn.Linear(3, 1)
+    ours = copy.deepcopy(theirs)
+    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
+    for step in range(3):
+        got = calls_stub(clipped_step, theirs, opt_theirs, X, y, 1.0)
+        want = _reference_step(ours, opt_ours, X, y, 1.0)
+        if isinstance(got, torch.Tensor):
+            raise Wrong("you returned a tensor; the task asks for a Python float: turn the norm into a number.")
+        if not isinstance(got, float):
+            raise Wrong(f"return the norm as a float, not {type(got).__name__}.")
+        if step == 0 and abs(got - 1.0) < 1e-4 < abs(want - 1.0):
+            raise Wrong("you returned the norm after clipping; clip_grad_norm_ returns the one before.")
+        if abs(got - want) > 1e-3 * max(1.0, abs(want)):
+            if step > 0 and got > want:
+                raise Wrong(f"step {step + 1}: norm {got:.4g}, expected {want:.4g}: do gradients pile up (zero_grad)?")
+            raise Wrong(f"step {step + 1}: norm {got:.4g}, expected {want:.4g}.")
+        for p_theirs, p_ours in zip(theirs.parameters(), ours.parameters()):
+            if not torch.allclose(p_theirs, p_ours, atol=1e-5):
+                raise Wrong(f"after step {step + 1} the weights differ from a clipped SGD step: "
+                            "clip after backward() and before opt.step().")

@@ -1,0 +1,347 @@
+"""Chapter 2 pitfalls: autograd, detach, gradient accumulation and gradient size."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ptlab.claims import Check
+from ptlab.course.pitfall_record import Outcome, pitfall
+from ptlab.memory import SavedTensors
+
+
+def _regression_batch(seed: int = 0, n: int = 32, features: int = 4):
+    """A fixed batch: X (n, features), y (n, 1) = a linear function of X plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, features, generator=g)                      # (n, F)
+    y = X @ torch.randn(features, 1, generator=g) + 0.1 * torch.randn(n, 1, generator=g)  # (n, 1)
+    return X, y
+
+
+def _grad_norm(model: nn.Module) -> float:
+    """The L2 norm of all parameter gradients together."""
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
+
+
+def _max_change(before: list[torch.Tensor], layers: list[nn.Module]) -> float:
+    """Largest absolute change of any weight in layers since the snapshot."""
+    return max((b - p.detach()).abs().max().item() for b, p in zip(before, (l.weight for l in layers)))
+
+
+@pitfall(
+    id="missing-zero-grad", chapter=2,
+    title="Gradients pile up without optimizer.zero_grad()",
+    symptom="over three identical backward passes the grad norm is 2x, then 3x the first (each within 0.1)",
+    why="""`backward()` adds into `.grad`; it never overwrites it. Without `zero_grad()` each step's
+    gradient is the sum of every gradient since the last reset, so the update grows with the step
+    count and points partly in stale directions.""",
+    catch="""Call `optimizer.zero_grad()` (`set_to_none=True` by default) once per step, before `backward()`.
+    Log the gradient norm each step: a norm that climbs linearly on similar batches is this bug.""",
+)
+def missing_zero_grad(buggy: bool) -> Outcome:
+    X, y = _regression_batch()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)      # lr 0: every step sees the same weights
+    norms = []
+    for _ in range(3):
+        if not buggy:
+            opt.zero_grad()                                # FIX: start each step from no gradient
+        nn.functional.mse_loss(model(X), y).backward()     # BUG: without zero_grad this adds to .grad
+        opt.step()
+        norms.append(_grad_norm(model))
+    return Outcome(
+        figures={"grad norm step 1": norms[0], "grad norm step 2": norms[1], "grad norm step 3": norms[2]},
+        checks=[Check("step 2 / step 1", norms[1] / norms[0], "in [1.9, 2.1]"),
+                Check("step 3 / step 1", norms[2] / norms[0], "in [2.9, 3.1]")],
+        series={"grad norm": norms},
+    )
+
+
+class ListMLP(nn.Module):
+    """Two hidden layers and a head; the hidden layers sit in a plain list or an nn.ModuleList."""
+
+    def __init__(self, registered: bool):
+        super().__init__()
+        layers = [nn.Linear(4, 16), nn.Linear(16, 16)]
+        self.hidden = nn.ModuleList(layers) if registered else layers
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.hidden:
+            x = torch.relu(layer(x))                       # (B, 16)
+        return self.head(x)                                # (B, 1)
+
+
+@pitfall(
+    id="plain-list-of-layers", chapter=2,
+    title="Layers kept in a plain Python list are never trained",
+    symptom="model.parameters() holds 2 of the 6 parameter tensors; after 20 SGD steps the listed layers' "
+            "weights are exactly unchanged",
+    why="""`nn.Module` registers a submodule only when it is assigned as an attribute directly, or held
+    in `nn.ModuleList` / `nn.ModuleDict`. A plain list hides it: `parameters()`, `state_dict()`, `.to(device)`
+    and the optimizer never see those layers. They still run in forward and even get `.grad`, but no
+    step ever updates them, and a checkpoint does not contain them.""",
+    catch="""Use `nn.ModuleList` / `nn.ModuleDict`. Compare `sum(p.numel() for p in model.parameters())`
+    with what you expect, or run `ptlab.diagnose.diagnose_gradients`: it lists unregistered parameters
+    by path (`hidden[0].weight`).""",
+)
+def plain_list_of_layers(buggy: bool) -> Outcome:
+    X, y = _regression_batch()
+    torch.manual_seed(0)
+    if buggy:
+        model = ListMLP(registered=False)                 # BUG: self.hidden = [Linear, Linear]
+    else:
+        model = ListMLP(registered=True)                  # FIX: self.hidden = nn.ModuleList([...])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = [layer.weight.detach().clone() for layer in model.hidden]
+    for _ in range(20):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        opt.step()
+    change = _max_change(before, list(model.hidden))
+    registered = len(list(model.parameters()))
+    return Outcome(
+        figures={"registered parameter tensors": registered, "max change of hidden weights": change},
+        checks=[Check("registered parameter tensors, of 6", registered, "== 2"),
+                Check("max change of hidden weights", change, "== 0")],
+    )
+
+
+class EncoderHead(nn.Module):
+    """encoder -> head; the buggy variant detaches the features between them."""
+
+    def __init__(self, detach_features: bool):
+        super().__init__()
+        self.encoder = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 1)
+        self.detach_features = detach_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = torch.tanh(self.encoder(x))             # (B, 8)
+        if self.detach_features:
+            features = features.detach()                   # cuts the graph: encoder gets no gradient
+        return self.head(features)                         # (B, 1)
+
+
+@pitfall(
+    id="detach-in-forward", chapter=2,
+    title="A .detach() inside forward silently freezes every layer before it",
+    symptom="after 5 SGD steps encoder.weight.grad is None and the encoder's weights are exactly unchanged",
+    why="""`detach()` returns a tensor with no `grad_fn`, so backward stops there: the layers before it
+    are not in the loss's graph and get no gradient (`.grad` stays `None`). The optimizer skips
+    parameters whose `.grad` is `None`, so they never move, and nothing raises or warns.""",
+    catch="""After one `backward()`, check that every trainable parameter has a `.grad` that is not `None`,
+    or run `ptlab.diagnose.diagnose_gradients(model, batch=(X, y), loss_fn=...)`: it names the `detach`
+    and the module it ran in.""",
+)
+def detach_in_forward(buggy: bool) -> Outcome:
+    X, y = _regression_batch()
+    torch.manual_seed(0)
+    if buggy:
+        model = EncoderHead(detach_features=True)         # BUG: features.detach() in forward
+    else:
+        model = EncoderHead(detach_features=False)        # FIX: keep features in the graph
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [model.encoder.weight.detach().clone()]
+    for _ in range(5):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        opt.step()
+    change = _max_change(before, [model.encoder])
+    no_grad = model.encoder.weight.grad is None
+    return Outcome(
+        figures={"encoder.weight.grad is None": no_grad, "max change of encoder weights": change},
+        checks=[Check("encoder.weight.grad is None", no_grad, "is True"),
+                Check("max change of encoder weights", change, "== 0")],
+    )
+
+
+@pitfall(
+    id="inplace-saved-for-backward", chapter=2,
+    title="An in-place edit of a tensor autograd saved breaks backward()",
+    symptom="backward() raises RuntimeError: one of the variables needed for gradient computation has been "
+            "modified by an inplace operation, naming output 0 of Sigmoid",
+    why="""`sigmoid` saves its output to compute its gradient (`s * (1 - s)`). Writing into that output
+    in place (`h[:, 0] = 0`, `h += 1`, `relu_`) bumps the tensor's version counter; backward compares it
+    with the version it saved and refuses rather than use the wrong numbers. The error names the
+    op whose saved tensor changed (here "output 0 of Sigmoid") and the versions; the message alone
+    does not give your line, and its hint points at anomaly detection, which does.""",
+    catch="""Read the message: the shape and op it names point at the tensor. To get the line, rerun the
+    step under `torch.autograd.detect_anomaly()` (or `set_detect_anomaly(True)`): the failing backward then
+    warns with the traceback of the forward call that made the node. Replace the in-place edit with
+    an out-of-place one (`h = h * mask`, `torch.where`) or `clone()` first. `tensor._version` shows how many
+    times a tensor was modified in place.""",
+)
+def inplace_saved_for_backward(buggy: bool) -> Outcome:
+    X, _ = _regression_batch()
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3)
+    h = torch.sigmoid(layer(X))                            # (B, 3); sigmoid saves h for backward
+    mask = torch.tensor([0.0, 1.0, 1.0])                   # switch off feature 0
+    if buggy:
+        h[:, 0] = 0.0                                      # BUG: writes into the saved output
+    else:
+        h = h * mask                                       # FIX: a new tensor; the saved one is intact
+    try:
+        h.sum().backward()
+    except RuntimeError as err:
+        text, hint = str(err).split(" Hint: ")                          # the whole message, in its parts
+        message, detail = text.split(": ", 1)                            # detail: which tensor, which versions
+        tensor, versions = detail.split(", is at ")
+        return Outcome(figures={"error": message, "tensor": tensor, "versions": "is at " + versions,
+                                "hint": hint, "h._version": h._version},
+                       checks=[Check("backward() raised", message, "contains 'modified by an inplace operation'"),
+                               Check("the message names", tensor, "contains 'output 0 of Sigmoid'")])
+    return Outcome(figures={"grad norm of layer.weight": layer.weight.grad.norm().item(),
+                            "h._version": h._version},
+                   checks=[Check("backward() raised", "no error", "contains 'modified by an inplace operation'"),
+                           Check("the message names", "no error", "contains 'output 0 of Sigmoid'")])
+
+
+@pitfall(
+    id="exploding-gradients-nan", chapter=2,
+    title="Unnormalised inputs make gradients explode until the loss is NaN",
+    symptom="with features at scale 30 and lr 0.01, the loss passes 1e20 within 40 SGD steps and fewer "
+            "than 30 of the 40 losses are finite (the rest are inf or NaN)",
+    why="""With large inputs the loss surface is steep: a learning rate that would be fine on unit-scale
+    data overshoots, each step lands further away, and the gradient grows with the error. In a few
+    dozen steps `float32` overflows to `inf`, and `inf - inf` gives `NaN`, which then spreads to every weight.""",
+    catch="""Fix the cause: normalise the inputs (or lower the learning rate). Keep
+    `torch.nn.utils.clip_grad_norm_` as a guard, not as the fix: it returns the norm before clipping, so
+    log it; clipping alone keeps this run finite but it still ends far worse than predicting the mean.
+    Stop on a non-finite loss: `if not torch.isfinite(loss): raise`.""",
+)
+def exploding_gradients_nan(buggy: bool) -> Outcome:
+    X, y = _regression_batch()
+    X = 30 * X                                             # BUG: (B, 4) unnormalised features, scale ~30
+    if not buggy:
+        X = (X - X.mean(dim=0)) / X.std(dim=0)             # FIX: normalise the inputs
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses, norms = [], []
+    for _ in range(40):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(X), y)
+        loss.backward()
+        if not buggy:
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)  # FIX: a guard, and a norm to log
+        else:
+            norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()  # BUG: no guard
+        opt.step()
+        losses.append(loss.item())
+        norms.append(norm.item())
+    finite = [v for v in losses if torch.isfinite(torch.tensor(v))]
+    return Outcome(
+        figures={"first loss": losses[0], "last loss": losses[-1], "largest finite loss": max(finite),
+                 "var(y): loss of predicting the mean": y.var(unbiased=False).item(),
+                 "steps with a finite loss": float(len(finite))},
+        checks=[Check("largest finite loss", max(finite), "> 1e20"),
+                Check("steps with a finite loss, of 40", float(len(finite)), "< 30")],
+        series={"log10 loss": [torch.tensor(v).log10().item() for v in losses]},
+    )
+
+
+@pitfall(
+    id="item-in-loss-term", chapter=2,
+    title="A loss term computed through .item() changes the loss but not the gradient",
+    symptom="a weight penalty built with .item() has requires_grad False and leaves the gradient exactly "
+            "as without it",
+    why="""`.item()` returns a Python float; `torch.tensor(float)` is a new leaf with no history. The penalty
+    is added to the loss value you log, so it looks active, but backward cannot reach the weights
+    through it: the gradient, and so training, is exactly as if it were not there.""",
+    catch="""Build every loss term from tensor operations, never from `.item()`, `.numpy()` or
+    `torch.tensor(x)`. Check that each term has a `grad_fn` (`assert term.requires_grad`) before adding it.""",
+)
+def item_in_loss_term(buggy: bool) -> Outcome:
+    X, y = _regression_batch()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    data_loss = nn.functional.mse_loss(model(X), y)
+    grad_without = torch.autograd.grad(data_loss, model.weight, retain_graph=True)[0]
+    if buggy:
+        penalty = torch.tensor(model.weight.pow(2).sum().item())   # BUG: a number, no graph
+    else:
+        penalty = model.weight.pow(2).sum()                        # FIX: stays in the graph
+    loss = data_loss + 1.0 * penalty
+    grad_with = torch.autograd.grad(loss, model.weight)[0]
+    difference = (grad_with - grad_without).norm().item()
+    return Outcome(
+        figures={"penalty value": penalty.item(), "penalty requires grad": penalty.requires_grad,
+                 "gradient change from the penalty": difference},
+        checks=[Check("penalty requires grad", penalty.requires_grad, "is False"),
+                Check("gradient change from the penalty", difference, "== 0")],
+    )
+
+
+@pitfall(
+    id="running-loss-keeps-graph", chapter=2,
+    title="Summing validation losses as tensors keeps every batch's graph alive",
+    symptom="after 20 validation batches every one of the 120 tensors autograd saved for backward is still "
+            "alive, and the activations among them (the batch and the weights not counted) hold over 1,000 KiB",
+    why="""Outside `torch.no_grad()` every forward records a graph that holds the activations backward
+    would need. `total += loss` keeps `total` a tensor with a `grad_fn`, linked to every batch's loss and so
+    to every batch's activations: nothing is freed until `total` is, and memory grows batch by batch.
+    (After `backward()` the saved activations are freed, which is why this bites in evaluation loops.)""",
+    catch="""Accumulate numbers: `total += loss.item()`; and evaluate under `torch.no_grad()` or
+    `torch.inference_mode()`, which records no graph at all. Memory that grows per batch is this.""",
+)
+def running_loss_keeps_graph(buggy: bool) -> Outcome:
+    X, y = _regression_batch(n=256)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 1)).eval()
+    total = 0.0
+    with SavedTensors() as saved:                          # records what autograd saves for backward
+        for _ in range(20):                                # 20 validation batches
+            loss = nn.functional.mse_loss(model(X), y)     # saves X, tanh's output (twice), a weight, pred, y
+            if buggy:
+                total = total + loss                       # BUG: a tensor holding every batch's graph
+            else:
+                total = total + loss.item()                # FIX: a Python float
+    del loss
+    alive = saved.alive()                                  # measured: saved tensors not freed yet
+    held = saved.held_bytes(exclude=[X, y, *model.parameters()])  # their bytes, activations only
+    return Outcome(
+        figures={"batches": 20, "tensors saved for backward": saved.recorded,
+                 "of them still alive": alive, "KiB of saved activations still held": held // 1024},
+        checks=[Check("saved tensors still alive, of 120", alive, "== 120"),
+                Check("KiB of saved activations still held", held // 1024, "> 1000")],
+    )
+
+
+@pitfall(
+    id="inplace-through-data", chapter=2,
+    title="An in-place edit through .data gives a silently wrong gradient; through detach() it raises",
+    symptom="after halving a saved sigmoid output through .data, backward() runs without an error and "
+            "the gradient is off from the true derivative by more than 0.01",
+    why="""`.data` gives the same memory as a tensor autograd does not track, with a version counter of its
+    own: an in-place edit through it is invisible to autograd. Here `sigmoid` saved its output `s` to
+    compute `s * (1 - s)` in backward; halving `s` through `.data` changes what backward reads, and
+    backward uses the changed numbers without a word. `detach()` also gives the same memory outside the
+    graph, but it shares the version counter with `s`, so the same edit bumps `s._version` and backward
+    refuses with the in-place error instead of returning wrong numbers.""",
+    catch="""Do not use `.data` in new code: use `detach()` to read values outside the graph, and
+    `with torch.no_grad():` to update parameters in place, as optimizers do. If backward then raises the
+    in-place error, edit out of place (`s = s * 0.5`) or `clone()` first. Check a suspicious gradient
+    against `torch.autograd.gradcheck` or a finite difference on a small input.""",
+)
+def inplace_through_data(buggy: bool) -> Outcome:
+    z = torch.linspace(-2.0, 2.0, 8, requires_grad=True)   # (8,)
+    s = torch.sigmoid(z)                                    # saves s: backward computes s * (1 - s)
+    true_grad = (s * (1 - s)).detach()                      # d sum(sigmoid(z)) / dz at these z
+    if buggy:
+        s.data.mul_(0.5)                                    # BUG: autograd cannot see this edit
+    else:
+        s.detach().mul_(0.5)                                # FIX: shares the version counter: backward knows
+    try:
+        s.sum().backward()
+    except RuntimeError as err:
+        message, detail = str(err).split(" Hint: ")[0].split(": ", 1)   # the whole message, in two parts
+        return Outcome(figures={"backward()": f"raised: {message}", "which tensor": detail, "s._version": s._version},
+                       checks=[Check("backward() raised an error", True, "is False"),
+                               Check("max |z.grad - true derivative|", "no gradient: backward() raised", "> 0.01")])
+    error = (z.grad - true_grad).abs().max().item()
+    return Outcome(figures={"backward()": "ran, no error", "s._version": s._version,
+                            "max |z.grad - true derivative|": error},
+                   checks=[Check("backward() raised an error", False, "is False"),
+                           Check("max |z.grad - true derivative|", error, "> 0.01")])

@@ -1,0 +1,1 @@
+"""Chapter 3, Dataset and DataLoader (notebooks/03_data.ipynb): pitfalls, exercises and fixtures."""

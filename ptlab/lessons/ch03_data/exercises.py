@@ -1,0 +1,97 @@
+"""Chapter 3 exercises: label order, worker seeding, batch counts."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
+from ptlab.lessons.ch03_data.datasets import AugmentWithNumpyRng
+
+
+@exercise(
+    id="ch3-label-lookup", chapter=3,
+    task="write label_lookup(class_to_idx, intended) returning a list where lookup[folder_label] is the "
+         "index of the same class in the list `intended`",
+    hint="loop over class_to_idx.items(): the folder index is the position, intended.index(name) the value",
+)
+def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any]) -> None:
+    cases = [["arrow_up", "arrow_down", "circle", "ring"], ["cat", "ant", "bee"]]
+    for intended in cases:
+        class_to_idx = {name: i for i, name in enumerate(sorted(intended))}    # what ImageFolder does
+        lookup = calls_stub(label_lookup, dict(class_to_idx), list(intended))
+        try:
+            lookup = [int(v) for v in lookup]
+        except (TypeError, ValueError):
+            raise Wrong(f"return a list of ints, got {type(lookup).__name__}.") from None
+        expected = [intended.index(name) for name in sorted(intended, key=class_to_idx.get)]
+        if lookup == expected:
+            continue
+        if lookup == [class_to_idx[name] for name in intended]:
+            raise Wrong("that is the inverse mapping: index the result by the folder's label, not yours.")
+        if lookup != expected:
+            raise Wrong(f"for intended={intended} you gave {lookup}; ImageFolder label 0 is "
+                        f"{sorted(intended)[0]!r}, which is {intended.index(sorted(intended)[0])} in yours.")
+
+
+def _is_empty(fn: Callable) -> bool:
+    """True for a function whose body is only `...` or `pass`."""
+    return getattr(fn, "__code__", None) is not None and fn.__code__.co_code == (lambda worker_id: None).__code__.co_code
+
+
+def _start_method_for(fn: Callable) -> str | None:
+    """The platform's default start method, except for a function defined in a notebook (module __main__).
+
+    spawn and forkserver workers import a worker_init_fn by module and name, which a notebook's __main__ cannot
+    provide; fork copies it with the process. So a notebook's function runs under fork where the OS has it
+    (Linux, macOS); on Windows, which has no fork, the learner is told to move it into a module.
+    """
+    import multiprocessing
+
+    if getattr(fn, "__module__", None) != "__main__":
+        return None
+    if "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    raise Wrong("this system has no fork start method, so workers cannot import a function defined in the "
+                "notebook: put reseed_in_worker in a .py file next to the notebook, import it, and check that.")
+
+
+@exercise(
+    id="ch3-worker-seeding", chapter=3,
+    task="write a worker_init_fn that reseeds the dataset's numpy Generator (dataset.rng) so 2 workers over "
+         "2 epochs draw 16 distinct augmentations from AugmentWithNumpyRng(8)",
+    hint="inside the worker, torch.utils.data.get_worker_info() gives .dataset (the worker's copy) and .seed "
+         "(different per worker and per epoch): set info.dataset.rng = np.random.default_rng(info.seed)",
+)
+def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    if not callable(init_fn):
+        raise Wrong(f"expected a function, got {type(init_fn).__name__}")
+    if _is_empty(init_fn):
+        raise NotAttempted
+    loader = DataLoader(AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=init_fn,
+                        multiprocessing_context=_start_method_for(init_fn),
+                        generator=torch.Generator().manual_seed(0))
+    try:
+        draws = [v for _ in range(2) for batch in loader for v in batch.tolist()]
+    except Exception as err:
+        last = str(err).strip().splitlines()[-1]
+        raise Wrong(f"the DataLoader raised: {last}") from None
+    if len(set(draws)) < len(draws):
+        raise Wrong(f"{len(set(draws))} distinct draws out of {len(draws)}: some worker or epoch still repeats.")
+
+
+@exercise(
+    id="ch3-batch-count", chapter=3,
+    task="how many batches does a DataLoader over 1000 samples with batch_size=64 yield, with drop_last=False "
+         "and with drop_last=True? Answer as a tuple (without_drop, with_drop)",
+    hint="1000 = 15 * 64 + 40: the last 40 samples form a short batch unless drop_last throws them away",
+)
+def check_batch_count(answer: Any) -> None:
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise Wrong("answer with a tuple of two ints, such as (10, 9).")
+    if tuple(answer) == (15, 16):
+        raise Wrong("the two are swapped: drop_last removes a batch.")
+    if tuple(answer) != (16, 15):
+        raise Wrong(f"{tuple(answer)} is not it.")

@@ -1,0 +1,169 @@
+"""Chapter 4 exercises: fix a training loop, write an evaluation that leaves no trace, read the overfit ritual."""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from ptlab.claims import measured
+from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.models import SmallCNN
+from ptlab.overfit import overfit_one_batch
+
+
+def _tiny_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A small MLP with BatchNorm and Dropout, and four fixed batches of 16 (8 features, 3 classes)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    return model, batches
+
+
+def reference_train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, batches) -> float:
+    """The correct loop: train mode, logits into the loss, zero_grad/backward/step, mean of loss.item()."""
+    model.train()
+    total = 0.0
+    for X, y in batches:
+        loss = nn.functional.cross_entropy(model(X), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return total / len(batches)
+
+
+def _run(train_steps, seed: int = 0) -> tuple[object, nn.Module]:
+    model, batches = _tiny_problem(seed)
+    model.eval()  # a loop must set train mode itself
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1)  # the same dropout masks for the learner's loop and the reference
+    result = calls_stub(train_steps, model, optimizer, batches)
+    return result, model
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach() for p in model.parameters()]
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.allclose(p, q, atol=1e-6) for p, q in zip(_params(a), _params(b)))
+
+
+@exercise(
+    id="ch4-fix-training-loop", chapter=4,
+    task="fix train_steps(model, optimizer, batches) so it trains correctly and returns the mean loss as a float",
+    hint="check the four things every training step depends on: the mode the model is in, what cross_entropy "
+         "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps alive",
+)
+def check_fix_training_loop(train_steps) -> None:
+    result, model = _run(train_steps)
+    if isinstance(result, torch.Tensor):
+        raise Wrong("you return a tensor: accumulate loss.item(), or the sum keeps every batch's graph alive.")
+    if not isinstance(result, (int, float)) or not math.isfinite(result):
+        raise Wrong(f"return the mean loss as a float, got {result!r}.")
+    if not model.training:
+        raise Wrong("after your loop the model is still in eval mode: BatchNorm and Dropout never trained.")
+    expected, reference = _run(reference_train_steps)
+    if not _same(model, reference):
+        no_zero = _run(lambda m, o, b: _variant(m, o, b, zero_grad=False))[1]
+        softmax = _run(lambda m, o, b: _variant(m, o, b, softmax=True))[1]
+        if _same(model, no_zero):
+            raise Wrong("the weights moved as if gradients piled up: is optimizer.zero_grad() missing?")
+        if _same(model, softmax):
+            raise Wrong("the weights moved as if the loss saw probabilities: cross_entropy wants raw logits.")
+        raise Wrong("after your loop the weights differ from a correct loop's.")
+    if abs(result - expected) > 1e-5:
+        raise Wrong(f"the weights are right, but you return {measured(result)}; the mean training loss was "
+                    f"{measured(expected)}.")
+
+
+def _variant(model, optimizer, batches, zero_grad: bool = True, softmax: bool = False) -> float:
+    model.train()
+    total = 0.0
+    for X, y in batches:
+        out = model(X)
+        loss = nn.functional.cross_entropy(out.softmax(dim=1) if softmax else out, y)
+        if zero_grad:
+            optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return total / len(batches)
+
+
+@exercise(
+    id="ch4-evaluate-without-side-effects", chapter=4,
+    task="write measure_accuracy(model, batches): the accuracy as a float, computed in eval mode under "
+         "torch.no_grad(), leaving the model in the mode it was in",
+    hint="leave no trace: find out which mode the model is in before you change it, and put back exactly that "
+         "mode at the end; counting right answers needs no autograd graph",
+)
+def check_evaluate_without_side_effects(measure_accuracy) -> None:
+    model, batches = _tiny_problem(seed=2)
+    model.train()
+    buffers = [b.clone() for b in model.buffers()]
+    grad_modes = []
+    model.register_forward_hook(lambda m, i, o: grad_modes.append(torch.is_grad_enabled()))
+    result = calls_stub(measure_accuracy, model, batches)
+    if isinstance(result, torch.Tensor):
+        raise Wrong("return a Python float (use .item()), not a tensor.")
+    if not isinstance(result, (int, float)) or not 0.0 <= result <= 1.0:
+        raise Wrong(f"return the accuracy as a float between 0 and 1, got {result!r}.")
+    if any(not torch.equal(a, b) for a, b in zip(buffers, model.buffers())):
+        raise Wrong("BatchNorm's running statistics changed: the model ran in train mode (model.eval() missing).")
+    if not grad_modes:
+        raise Wrong("your function never called the model.")
+    if any(grad_modes):
+        raise Wrong("the forward passes recorded a graph: wrap them in torch.no_grad().")
+    if not model.training:
+        raise Wrong("the model was in train mode before and is in eval mode now: restore its mode.")
+    probe = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        correct = sum(int((probe(X).argmax(1) == y).sum()) for X, y in batches)
+    expected = correct / sum(len(y) for _, y in batches)
+    if abs(result - expected) > 1e-9:
+        raise Wrong(f"you return {measured(result)}; the accuracy over all {sum(len(y) for _, y in batches)} examples "
+                    f"is {measured(expected)} (average over examples, not batches).")
+
+
+def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """A SmallCNN and one batch of 16 images that will not overfit: find out why with overfit_one_batch."""
+
+    torch.manual_seed(0)
+    model = SmallCNN(width=8)
+    for name, parameter in model.named_parameters():
+        if name.startswith(("features.4", "head")):             # the last stage and the head
+            parameter.requires_grad = False
+    g = torch.Generator().manual_seed(0)
+    return model, (torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g))
+
+
+@exercise(
+    id="ch4-overfit-cause", chapter=4,
+    task="write unblock(model): change mystery_setup()'s model in place, keeping its weights, so that "
+         "overfit_one_batch(model, batch) passes, and return that model",
+    hint="run overfit_one_batch on the model and batch (catch OverfitFailed) and read the likely causes: each "
+         "says what stops learning and where; undo that on the model itself, then run the ritual again",
+)
+def check_overfit_cause(unblock) -> None:
+
+    model, batch = mystery_setup()
+    originals = dict(model.named_parameters())
+    values = {name: p.detach().clone() for name, p in originals.items()}
+    result = calls_stub(unblock, model)
+    if result is not model:
+        raise Wrong("change the model you are given in place and return that same model (not a copy or a new "
+                    f"one), got {type(result).__name__}.")
+    now = dict(model.named_parameters())
+    if now.keys() != originals.keys() or any(now[n] is not originals[n] for n in now):
+        raise Wrong("you replaced parameters or modules: keep the model's own parameters and change what stops "
+                    "them from learning.")
+    if any(not torch.equal(now[n].detach(), values[n]) for n in now):
+        raise Wrong("the weights changed: keep them as they are; the problem is not their values.")
+    report = overfit_one_batch(model, batch, raise_on_failure=False)
+    if not report.passed:
+        causes = ", ".join(report.causes) or "none named"
+        raise Wrong(f"it still does not overfit its batch; the report's likely causes now: {causes}.")

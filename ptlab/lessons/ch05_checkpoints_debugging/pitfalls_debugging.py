@@ -1,0 +1,117 @@
+"""Chapter 5 pitfalls for the troubleshooting clinic: NaN from the data, overfitting, a second device."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ptlab.claims import Check
+from ptlab.course.pitfall_record import Outcome, pitfall
+from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accuracy, _blobs, _mlp
+
+
+@pitfall(
+    id="nan-from-a-poisoned-sample", chapter=5,
+    title="One NaN in the data turns the loss, then every weight, into NaN",
+    symptom="one NaN feature in 600 samples makes the loss NaN at the first full-batch step and "
+            "leaves every weight NaN",
+    why="""A NaN input propagates through every operation it touches: the forward pass, the loss (a mean
+    over the batch), every gradient, and then every weight the optimizer updates. After one step the
+    model is ruined, and nothing raised. The model is not to blame: the data is.""",
+    catch="""Check the data where it enters: assert torch.isfinite(X).all() per batch (cheap), and find
+    the sample (torch.isnan(X).any(dim=1).nonzero()). When a loss turns NaN, ask the data first:
+    ptlab.clinic.first_nonfinite(model, X) says whether the input or a module produced it;
+    torch.autograd.set_detect_anomaly(True) names the backward op.""",
+)
+def nan_from_a_poisoned_sample(buggy: bool) -> Outcome:
+    X, y = _blobs()
+    X = X.clone()
+    X[123, 1] = float("nan")                                   # one unreadable value, as a bad row in a CSV
+    if not buggy:
+        keep = torch.isfinite(X).all(dim=1)                    # FIX: find and drop (or repair) bad samples
+        X, y = X[keep], y[keep]
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(5):
+        loss = nn.functional.cross_entropy(model(X), y)         # BUG: a NaN input makes the mean loss NaN
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    nan_weights = sum(torch.isnan(p).any().item() for p in model.parameters())
+    return Outcome(
+        figures={"samples used": len(y), "first loss": losses[0], "weight tensors holding NaN": nan_weights},
+        checks=[Check("first loss is NaN", losses[0] != losses[0], "is True"),
+                Check("weight tensors holding NaN (of 6)", nan_weights, "== 6")],
+    )
+
+
+@pitfall(
+    id="overfitting-without-regularisation", chapter=5,
+    title="A large model trained long on few noisy examples memorises them, noise included",
+    symptom="on 40 training points with 12 wrong labels, training accuracy reaches 1.0 and held-out "
+            "accuracy trails it by more than 0.25",
+    why="""With far more parameters than examples, a network can fit every training point, wrong labels
+    included. The training loss keeps falling while the held-out accuracy stalls or drops: the model
+    learns the sample, not the rule, and more epochs make it worse.""",
+    catch="""Always hold out a validation set and watch the gap between training and validation accuracy.
+    Stop at the best validation epoch (early stopping), add weight decay or dropout, augment, or get
+    more data; choose among them on validation, never on the test set. A training accuracy of 1.0 on
+    data you know to be noisy is a warning, not a success.""",
+)
+def overfitting_without_regularisation(buggy: bool) -> Outcome:
+    X, y = _blobs(n=640)
+    y = y.clone()
+    wrong = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:12]
+    y[wrong] = (y[wrong] + 1) % 3                               # 12 of the 40 training labels are wrong
+    X_train, y_train, X_val, y_val = X[:40], y[:40], X[40:], y[40:]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3))
+    if buggy:
+        opt, steps = torch.optim.Adam(model.parameters(), lr=1e-2), 300        # BUG: no regularisation, long
+    else:
+        opt, steps = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.5), 60  # FIX: decay, stop early
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(X_train), y_train)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    train_acc, val_acc = _accuracy(model, X_train, y_train), _accuracy(model, X_val, y_val)
+    return Outcome(
+        figures={"training accuracy": train_acc, "held-out accuracy": val_acc, "steps": str(steps)},
+        checks=[Check("training accuracy", train_acc, "== 1.0"),
+                Check("training minus held-out accuracy", train_acc - val_acc, "> 0.25")],
+    )
+
+
+@pitfall(
+    id="inputs-on-another-device", chapter=5,
+    title="A model moved to one device and a batch left on another: the forward pass raises",
+    symptom="the forward pass raises RuntimeError naming both devices",
+    why="""`model.to(device)` moves the parameters in place; `X.to(device)` returns a new tensor and leaves X
+    where it was. A batch from a DataLoader starts on the CPU, so a loop that moves the model but not
+    each batch mixes devices in the first layer, which refuses. CI and most laptops have no GPU, so the
+    reproduction uses the meta device (a real torch device that holds shapes only) as the second one;
+    on a GPU the message reads 'Expected all tensors to be on the same device'.""",
+    catch="""Move each batch where the model is: `X, y = X.to(device), y.to(device)` in the loop, with `device`
+    set once at the top (or `next(model.parameters()).device`). Pass `device=` to torch.zeros/randn/arange
+    for tensors made inside forward, or register them as buffers so .to moves them.""",
+)
+def inputs_on_another_device(buggy: bool) -> Outcome:
+    device = torch.device("meta")                               # stands in for "cuda" on a CPU-only machine
+    model = _mlp().to(device)                                   # parameters moved, in place
+    X, _ = _blobs()                                             # a batch as a DataLoader gives it: on the CPU
+    if not buggy:
+        X = X.to(device)                                        # FIX: the batch goes where the model is
+    try:
+        out = model(X)                                          # BUG: CPU batch, parameters on the other device
+        error = "no error"
+    except RuntimeError as err:
+        error = str(err).split("\n")[0]
+        out = None
+    return Outcome(
+        figures={"model on": str(next(model.parameters()).device), "batch on": str(X.device),
+                 "output shape": str(tuple(out.shape)) if out is not None else "-"},
+        checks=[Check("forward pass", error, "contains 'is not on the expected device'")],
+    )

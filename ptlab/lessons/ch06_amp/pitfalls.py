@@ -1,0 +1,265 @@
+"""Chapter 6 pitfalls: mixed precision with torch.amp (autocast and GradScaler)."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from ptlab.claims import Check
+from ptlab.course.pitfall_record import Outcome, pitfall
+
+
+def _batch(seed: int = 0, n: int = 64, features: int = 8):
+    """A fixed regression batch: X (n, features), y (n, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, features, generator=g)                                  # (n, F)
+    y = X @ torch.randn(features, 1, generator=g) + 0.1 * torch.randn(n, 1, generator=g)  # (n, 1)
+    return X, y
+
+
+def _steps_until_error(step, n_steps: int) -> tuple[int, str]:
+    """Run step() n_steps times; return how many completed and the first error as 'Type: message'."""
+    for done in range(n_steps):
+        try:
+            step()
+        except (RuntimeError, AssertionError) as error:
+            return done, f"{type(error).__name__}: {error}"
+    return n_steps, "none"
+
+
+@pitfall(
+    id="scaler-update-forgotten", chapter=6,
+    title="Forgetting scaler.update() raises on the next step (the scale does not silently grow)",
+    symptom="the 2nd scaler.step() raises RuntimeError 'step() has already been called since the last "
+            "update().'; 1 of 3 steps completes",
+    why="""`GradScaler.step()` records that it ran for this optimizer; `update()` adjusts the scale and
+    clears that record. Without `update()`, the next `step()` finds the record and refuses. The scale
+    never changes either: it neither grows nor shrinks without `update()`.""",
+    catch="""Each iteration: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`.
+    `ptlab.train.fit(..., scaler=...)` does exactly this.""",
+)
+def scaler_update_forgotten(buggy: bool) -> Outcome:
+    X, y = _batch()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(X).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        if not buggy:
+            scaler.update()                                # FIX: update() after every step()
+        # BUG: no scaler.update() -> the next step() raises
+
+    done, error = _steps_until_error(step, 3)
+    return Outcome(
+        figures={"steps completed, of 3": done, "error": error, "scale": str(scaler.get_scale())},
+        checks=[Check("error raised", error,
+                      "contains 'RuntimeError: step() has already been called since the last update().'"),
+                Check("steps completed, of 3", done, "== 1")],
+    )
+
+
+@pitfall(
+    id="scaler-update-before-step", chapter=6,
+    title="scaler.update() before scaler.step() raises AssertionError",
+    symptom="update() before step() raises AssertionError 'No inf checks were recorded prior to update.'; "
+            "0 of 3 steps complete",
+    why="""`update()` decides the next scale from the inf/NaN checks that `step()` (or `unscale_()`)
+    recorded. Called first, it finds none and asserts. The order is `scale(loss).backward()`,
+    `step(optimizer)`, then `update()`.""",
+    catch="""Keep the three calls in that order, once per iteration; or let `ptlab.train.fit` do it.""",
+)
+def scaler_update_before_step(buggy: bool) -> Outcome:
+    X, y = _batch()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(X).float(), y)
+        scaler.scale(loss).backward()
+        if buggy:
+            scaler.update()                                # BUG: update() first: no inf checks yet
+            scaler.step(opt)
+        else:
+            scaler.step(opt)                               # FIX: step() records the inf checks...
+            scaler.update()                                # FIX: ...then update() uses them
+
+    done, error = _steps_until_error(step, 3)
+    return Outcome(
+        figures={"steps completed, of 3": done, "error": error},
+        checks=[Check("error raised", error,
+                      "contains 'AssertionError: No inf checks were recorded prior to update.'"),
+                Check("steps completed, of 3", done, "== 0")],
+    )
+
+
+@pitfall(
+    id="clip-without-unscale", chapter=6,
+    title="Gradient clipping without scaler.unscale_() clips the scaled gradients",
+    symptom="clip_grad_norm_ sees a norm more than 10,000x the true one, and the applied update is "
+            "less than 1/10,000 of max_norm * lr",
+    why="""After `scaler.scale(loss).backward()` every `.grad` is multiplied by the scale (65536 by
+    default). `clip_grad_norm_` then measures that scaled norm and shrinks the gradients to `max_norm`
+    in scaled units; `scaler.step()` divides by the scale afterwards, so the update is scale-times
+    smaller than intended. Nothing raises.""",
+    catch="""Call `scaler.unscale_(optimizer)` before clipping (then `scaler.step()` does not unscale
+    again). Log the norm `clip_grad_norm_` returns: a value near 65536x a plausible norm is this bug.""",
+)
+def clip_without_unscale(buggy: bool) -> Outcome:
+    X, y = _batch()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    scaler = torch.amp.GradScaler("cpu")
+    max_norm = 1.0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = nn.functional.mse_loss(model(X).float(), y)
+    true_norm = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()),
+                                                                     retain_graph=True)]).norm().item()
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(loss).backward()
+    if not buggy:
+        scaler.unscale_(opt)                               # FIX: true gradients before clipping
+    seen = nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()  # BUG: without unscale_ it sees scale * norm
+    scaler.step(opt)
+    scaler.update()
+    update = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)]).norm().item()
+    return Outcome(
+        figures={"true grad norm": true_norm, "norm seen by clip_grad_norm_": seen,
+                 "applied update norm": update, "max_norm * lr": "1.0"},
+        checks=[Check("norm seen / true norm", seen / true_norm, "> 1e4"),
+                Check("applied update / (max_norm * lr)", update / max_norm, "< 1e-4")],
+    )
+
+
+def _near_converged_mlp():
+    """A 2-layer MLP whose output is small, so the loss gradients are tiny (as late in training)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    with torch.no_grad():
+        model[2].weight.mul_(0.01)
+        model[2].bias.zero_()
+    return model
+
+
+@pitfall(
+    id="fp16-without-scaler", chapter=6,
+    title="float16 autocast without a GradScaler: small gradients underflow to zero",
+    symptom="more than half of the gradient entries that are non-zero in float32 are exactly 0, and the "
+            "first layer's gradient norm is below 1% of the float32 one",
+    why="""float16's smallest positive (subnormal) number is about 6e-8 and its largest 65504. In
+    backward, the gradients flowing through float16 ops are float16 too; when the loss gradient is
+    small (late in training, a mean over a large batch) they round to 0 and the layers before receive
+    nothing. The GradScaler multiplies the loss by 65536 before backward, so those gradients stay
+    representable, then divides the fp32 parameter gradients by the same factor before the step.""",
+    catch="""Use `torch.amp.GradScaler(device)` with float16 autocast (bfloat16 has float32's range and
+    does not need one). Count the exact zeros in the gradients: a layer whose gradient is all 0 is the sign.""",
+)
+def fp16_without_scaler(buggy: bool) -> Outcome:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(1024, 32, generator=g)                 # (1024, 32)
+    y = 1e-4 * (X @ torch.randn(32, 1, generator=g))       # (1024, 1): small targets
+    reference = _near_converged_mlp()
+    nn.functional.mse_loss(reference(X), y).backward()     # the float32 gradients
+    model = _near_converged_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=not buggy)  # BUG: enabled=False: no scaling
+    # FIX: enabled=True: loss * 65536 before backward, grads / 65536 after (in scaler.unscale_)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(X)                                     # (1024, 1) float16
+    scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
+    scaler.unscale_(opt)
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters())]
+    nonzero = sum((q != 0).sum().item() for _, q in pairs)
+    zeroed = sum(((p == 0) & (q != 0)).sum().item() for p, q in pairs)
+    first = (model[0].weight.grad.norm() / reference[0].weight.grad.norm()).item()
+    return Outcome(
+        figures={"gradient entries non-zero in float32": nonzero, "of those, 0 here": float(zeroed),
+                 "first layer grad norm / float32's": first},
+        checks=[Check("fraction of gradient entries zeroed", zeroed / nonzero, "> 0.5"),
+                Check("first layer grad norm / float32's", first, "< 0.01")],
+    )
+
+
+@pitfall(
+    id="deprecated-amp-spelling", chapter=6,
+    title="torch.cpu.amp / torch.cuda.amp spellings are deprecated and warn",
+    symptom="torch.cpu.amp.autocast and torch.cpu.amp.GradScaler each raise a deprecation warning naming "
+            "the torch.amp replacement",
+    why="""Since torch 2.4 the device-specific modules are thin wrappers that warn: the one API is
+    `torch.amp.autocast(device_type, dtype=...)` and `torch.amp.GradScaler(device_type)`, the same
+    code for CPU and CUDA with the device as an argument. (`torch.cuda.amp.*` warns the same way.)""",
+    catch="""Replace `torch.cuda.amp.autocast()` with `torch.amp.autocast("cuda")`, `torch.cpu.amp.autocast()`
+    with `torch.amp.autocast("cpu")`, and `torch.cuda.amp.GradScaler()` with `torch.amp.GradScaler("cuda")`.
+    Run the tests with deprecation warnings turned into errors (pytest's `-W error`) to find the rest.""",
+)
+def deprecated_amp_spelling(buggy: bool) -> Outcome:
+    model = nn.Linear(8, 1)
+    X, _ = _batch()
+    with warnings.catch_warnings(record=True) as caught:   # the warnings stay here, never on stderr
+        warnings.simplefilter("always")
+        if buggy:
+            scaler = torch.cpu.amp.GradScaler()            # BUG: deprecated spelling
+            with torch.cpu.amp.autocast(dtype=torch.bfloat16):  # BUG: deprecated spelling
+                out = model(X)
+        else:
+            scaler = torch.amp.GradScaler("cpu")           # FIX: torch.amp with the device type
+            with torch.amp.autocast("cpu", dtype=torch.bfloat16):  # FIX: same API for cpu and cuda
+                out = model(X)
+    future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    text = " | ".join(future) if future else "none"
+    return Outcome(
+        figures={"deprecation warnings": len(future), "warnings": text, "output dtype": str(out.dtype),
+                 "scaler enabled": scaler.is_enabled()},
+        checks=[Check("deprecation warnings raised", len(future), "== 2"),
+                Check("warning text", text, "contains \"Please use `torch.amp.autocast('cpu', args...)`\"")],
+    )
+
+
+@pitfall(
+    id="manual-half-vs-autocast", chapter=6,
+    title="model.half() instead of autocast: the loss is float16 and small updates are rounded away",
+    symptom="the loss is torch.float16, and more than half of the weights whose gradient is non-zero are "
+            "unchanged after an SGD step",
+    why="""`.half()` converts every parameter and buffer (BatchNorm's running statistics too) to float16,
+    so the loss and the optimizer's arithmetic are float16 as well. float16 has 10 mantissa bits: a
+    weight of 0.1 cannot change by less than about 3e-5, so `lr * grad` below that is rounded away and
+    the weight never moves. autocast keeps float32 parameters (master weights) and casts per op: matmuls
+    and convolutions run in low precision, losses and normalisations in float32.""",
+    catch="""Keep the model in float32 and wrap the forward pass in `torch.amp.autocast(device, dtype)`.
+    Check `next(model.parameters()).dtype` is float32 and `loss.dtype` is float32.""",
+)
+def manual_half_vs_autocast(buggy: bool) -> Outcome:
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(64, 16, generator=g)                   # (64, 16)
+    y = torch.randint(0, 4, (64,), generator=g)            # (64,)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+    if buggy:
+        model = model.half()                               # BUG: parameters, buffers and loss in float16
+        X = X.half()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    with torch.autocast("cpu", dtype=torch.float16, enabled=not buggy):  # FIX: float32 weights, autocast
+        loss = nn.functional.cross_entropy(model(X), y)
+    loss.backward()
+    weight = model[0].weight
+    before = weight.detach().clone()
+    opt.step()
+    moving = weight.grad != 0
+    unchanged = ((weight.detach() == before) & moving).sum().item() / moving.sum().item()
+    return Outcome(
+        figures={"loss dtype": str(loss.dtype), "parameter dtype": str(weight.dtype),
+                 "fraction of weights unchanged by the step": unchanged},
+        checks=[Check("loss dtype", str(loss.dtype), "== 'torch.float16'"),
+                Check("fraction of weights with non-zero grad left unchanged", unchanged, "> 0.5")],
+    )

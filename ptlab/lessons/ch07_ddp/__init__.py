@@ -1,0 +1,1 @@
+"""Chapter 7, DistributedDataParallel (notebooks/07_ddp.ipynb): pitfalls, exercises and fixtures."""

@@ -1,0 +1,55 @@
+"""Chapter 7 exercises: the shard each rank gets from DistributedSampler, and the cost of a ring all-reduce."""
+from __future__ import annotations
+
+import math
+
+from torch.utils.data import DistributedSampler
+
+from ptlab.course.exercises import Wrong, calls_stub, exercise
+
+
+@exercise(
+    id="ch7-shard-indices", chapter=7,
+    task="write shard(n, world_size, rank, drop_last): the indices DistributedSampler(shuffle=False) gives "
+         "`rank` for a dataset of n items, padded when drop_last is False and trimmed when it is True",
+    hint="every rank must get the same number of indices: with drop_last=False round n up to a multiple of "
+         "world_size by repeating indices from the start, with drop_last=True round it down; then deal the "
+         "indices out like cards, one per rank in turn",
+)
+def check_shard_indices(shard) -> None:
+    cases = [(10, 2, False), (11, 2, False), (11, 2, True), (10, 4, False), (10, 4, True), (3, 4, False),
+             (7, 3, False), (7, 3, True)]
+    for n, world, drop_last in cases:
+        for rank in range(world):
+            expected = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
+                                               drop_last=drop_last))
+            got = calls_stub(shard, n, world, rank, drop_last)
+            try:
+                got = [int(i) for i in got]
+            except TypeError:
+                raise Wrong(f"return a list of ints, got {type(got).__name__}") from None
+            if got != expected:
+                counts = "" if len(got) == len(expected) else f" ({len(got)} indices where {len(expected)} are due)"
+                raise Wrong(f"shard({n}, {world}, {rank}, drop_last={drop_last}) returned {got}{counts}; "
+                            f"DistributedSampler gives {expected}")
+
+
+@exercise(
+    id="ch7-ring-allreduce-seconds", chapter=7,
+    task="write allreduce_seconds(n_bytes, world_size, bytes_per_second): the time a bandwidth-bound ring "
+         "all-reduce of n_bytes takes (0 for a single rank)",
+    hint="in a ring the buffer is cut into world_size chunks; count how many chunk-sized messages each rank "
+         "sends while the chunks are summed around the ring, and how many more while the sums go round again",
+)
+def check_ring_allreduce_seconds(allreduce_seconds) -> None:
+    for n_bytes, world, bandwidth in ((1e9, 2, 1e9), (4e8, 4, 2e9), (1e6, 8, 1e10), (5e7, 1, 1e9), (3e8, 3, 1e9)):
+        expected = 2 * (world - 1) / world * n_bytes / bandwidth
+        got = calls_stub(allreduce_seconds, n_bytes, world, bandwidth)
+        if not isinstance(got, (int, float)):
+            raise Wrong(f"return a number of seconds, got {type(got).__name__}")
+        if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12):
+            ratio = got / expected if expected else float("inf")
+            more = (" That is the time to send the whole buffer once: a ring sends less per rank than that, "
+                    "but in two rounds." if math.isclose(got, n_bytes / bandwidth, rel_tol=1e-6) else "")
+            raise Wrong(f"allreduce_seconds({n_bytes:g}, {world}, {bandwidth:g}) = {got:g}, {ratio:.3g}x the "
+                        f"expected {expected:g}.{more}")

@@ -1,0 +1,160 @@
+"""Chapter 7's rank functions: what each of the chapter's gloo processes runs (started by ptlab.distributed.run_ranks).
+
+They live in a module because every rank is a new process that imports the function it runs by name.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from ptlab.checkpoint import atomic_save
+
+
+def rank_mlp(batchnorm: bool = False, hidden: int = 32, activation: type[nn.Module] = nn.Tanh) -> nn.Sequential:
+    """(B, 8) -> (B, 3), the same initial weights on every rank (seeded here)."""
+    torch.manual_seed(0)
+    middle = [nn.BatchNorm1d(hidden)] if batchnorm else []
+    return nn.Sequential(nn.Linear(8, hidden), *middle, activation(), nn.Linear(hidden, 3))
+
+
+def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def checksum(model: nn.Module) -> tuple[float, str]:
+    """Sum of every parameter (float64) and a sha256 of their bytes: equal hashes mean identical bits."""
+    tensors = [p.detach().cpu().contiguous() for p in model.parameters()]
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()
+    return float(sum(t.double().sum() for t in tensors)), digest[:16]
+
+
+def describe_rank() -> dict[str, Any]:
+    """Who this rank is: rank, world size, backend, LOCAL_RANK and its thread count."""
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+            "local_rank": int(os.environ["LOCAL_RANK"]), "threads": torch.get_num_threads()}
+
+
+def train_and_gather_checksums(steps: int = 5, wrap: bool = True) -> list[tuple[float, str]]:
+    """Train the same MLP on this rank's own data for `steps`; return every rank's checksum (all_gather_object).
+
+    wrap=True trains it inside DistributedDataParallel (gradients all-reduced); wrap=False trains it alone.
+    """
+    model = DDP(rank_mlp()) if wrap else rank_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(64, seed=100 + dist.get_rank())           # each rank its own batches
+    for i in range(steps):
+        loss = nn.functional.cross_entropy(model(X[i * 8:(i + 1) * 8]), y[i * 8:(i + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()                                    # DDP: gradients averaged over the ranks here
+        optimizer.step()
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, checksum(model))
+    return gathered
+
+
+def sampler_shards(n: int = 11, shuffle: bool = False, epochs: int = 1) -> dict[str, list]:
+    """This rank's DistributedSampler indices for a dataset of n items, padded (default) and with drop_last."""
+
+    shards = {}
+    for drop_last in (False, True):
+        sampler = DistributedSampler(range(n), shuffle=shuffle, drop_last=drop_last, seed=0)
+        orders = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            orders.append(list(sampler))
+        shards["drop_last" if drop_last else "padded"] = orders
+    return shards
+
+
+def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm: bool = False) -> float | None:
+    """DDP with each rank on its slice of the batch, against one model on the whole batch (computed on rank 0).
+
+    Returns, on rank 0, the largest |difference| between the two models' weights after `steps` SGD steps.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if global_batch % world:
+        raise ValueError(f"global_batch {global_batch} must divide by the world size {world}")
+    per_rank = global_batch // world
+    ddp = DDP(rank_mlp(batchnorm))
+    single = rank_mlp(batchnorm)                               # what one process with the whole batch trains
+    opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    opt_single = torch.optim.SGD(single.parameters(), lr=0.5)
+    X, y = _data(global_batch * steps, seed=7)             # the same data on every rank
+    for step in range(steps):
+        Xb, yb = X[step * global_batch:(step + 1) * global_batch], y[step * global_batch:(step + 1) * global_batch]
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)  # (B/world,) rows of this rank
+        opt_ddp.zero_grad()
+        nn.functional.cross_entropy(ddp(Xb[mine]), yb[mine]).backward()
+        opt_ddp.step()
+        opt_single.zero_grad()
+        nn.functional.cross_entropy(single(Xb), yb).backward()
+        opt_single.step()
+    if rank != 0:
+        return None
+    return max((a - b).abs().max().item() for a, b in zip(ddp.module.parameters(), single.parameters()))
+
+
+def save_on_rank_zero(folder: str) -> dict[str, Any]:
+    """Train a step, save model.module.state_dict() on rank 0 only, barrier, then every rank loads it and compares."""
+
+    rank = dist.get_rank()
+    model = DDP(rank_mlp())
+    X, y = _data(16, seed=rank)
+    nn.functional.cross_entropy(model(X), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    path = Path(folder, "model.pt")
+    if rank == 0:                                          # one writer
+        atomic_save(model.module.state_dict(), path)      # plain keys: no 'module.' prefix
+        with open(Path(folder, "train.log"), "a") as log:
+            log.write(f"saved {path.name}\n")
+    dist.barrier()                                         # nobody reads before rank 0 has written
+    plain = rank_mlp()
+    plain.load_state_dict(torch.load(path, weights_only=True))   # strict=True
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.module.parameters()))
+    return {"rank": rank, "first key": next(iter(plain.state_dict())), "loaded equals my weights": same}
+
+
+def fail_on_rank(fail_rank: int = 1, fail_at_step: int = 2, steps: int = 5) -> int:
+    """DDP training in which `fail_rank` raises at `fail_at_step`; returns the steps this rank completed."""
+    model = DDP(rank_mlp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())
+    for step in range(steps):
+        if dist.get_rank() == fail_rank and step == fail_at_step:
+            raise ValueError(f"rank {fail_rank}: corrupt batch at step {step}")
+        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()                                    # the other rank waits here for the failed one
+        optimizer.step()
+    return steps
+
+
+def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 4) -> int:
+    """DDP training in which rank 0 alone runs one more forward through the DDP model after every step.
+
+    Returns the steps completed. Whether that breaks the job depends on the collectives DDP issues in
+    forward: with BatchNorm it broadcasts the buffers (broadcast_buffers=True), without it none.
+    """
+    model = DDP(rank_mlp(batchnorm))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())
+    for step in range(steps):
+        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if dist.get_rank() == 0:
+            with contextlib.nullcontext() if grad else torch.no_grad():
+                model(X[:2])                               # rank 0 only: an extra forward through DDP
+    dist.barrier()
+    return steps

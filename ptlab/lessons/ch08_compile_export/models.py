@@ -1,0 +1,56 @@
+"""Chapter 8's models: an MLP, a tiny transformer block, a softmax over the sequence dim, and a branch on the batch
+size, each chosen for what compiling or exporting it shows."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def make_mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) -> nn.Sequential:
+    """A 2-hidden-layer MLP: (B, in_features) -> (B, num_classes)."""
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, num_classes))
+
+
+class TinyTransformerBlock(nn.Module):
+    """Pre-norm causal self-attention and an MLP, written with plain ops so that it exports anywhere."""
+
+    def __init__(self, d_model: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        if not isinstance(d_model, int) or not isinstance(heads, int) or heads < 1 or d_model % heads:
+            raise ValueError(f"d_model must be a multiple of heads, got d_model={d_model!r}, heads={heads!r}")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D)."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(D, dim=-1)                     # 3 x (B, T, D)
+        q, k, v = (t.view(B, T, self.heads, D // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D/H)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, T, D/H)
+        x = x + self.proj(attended.transpose(1, 2).reshape(B, T, D))          # (B, T, D)
+        return x + self.mlp(self.norm2(x))                                    # (B, T, D)
+
+
+class SoftmaxOverSequence(nn.Module):
+    """(B, T, 8) -> (B, T, 8): a linear map, then a softmax over the sequence dim T."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).softmax(dim=1)
+
+
+class DoubleLargeBatches(nn.Module):
+    """Doubles its input when the batch has more than 16 rows: a branch on a shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 16:
+            return x * 2
+        return x

@@ -1,0 +1,114 @@
+"""Exercise checks: stub, wrong and right answers for every registered exercise of chapters 1 and 2."""
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from ptlab.course.exercises import all_exercises, check
+
+
+def test_every_exercise_says_not_attempted_on_the_stub(capsys):
+    exercises = all_exercises()
+    assert len(all_exercises(chapter=1)) >= 2
+    for ex in exercises:
+        assert check(ex.id, ...) == "not attempted"
+        assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_stub_function_counts_as_not_attempted():
+    def contrast(img, factor):
+        return ...
+
+    assert check("ch1-safe-contrast", contrast) == "not attempted"
+
+
+def test_wrong_answers_get_hints(capsys):
+    assert check("ch1-broadcast-shape", [(6, 1, 3), None, (7, 7)]) == "wrong"
+    assert "Hint:" in capsys.readouterr().out
+    assert check("ch1-broadcast-shape", [(6, 5, 3), (4, 3), (7, 7)]) == "wrong"
+    assert "entry 2" in capsys.readouterr().out
+    assert check("ch1-broadcast-shape", [(6, 5, 3), None, (7,)]) == "wrong"
+    assert check("ch1-broadcast-shape", (6, 5, 3)) == "wrong"          # the old one-pair answer shape
+    assert check("ch1-safe-contrast", lambda img, f: ((img - 128) * f + 128).to(torch.uint8)) == "wrong"
+    assert "[[128, 72, 128, 16, 116]]" in capsys.readouterr().out        # uint8 wraps in the subtraction
+    assert check("ch1-safe-contrast", lambda img, f: (img.float() - 128) * f + 128) == "wrong"
+    assert check("ch1-normalize-rows", lambda x: (x - x.mean(dim=1)) / x.std(dim=1, unbiased=False)) == "wrong"
+
+
+def test_an_answer_that_raises_or_returns_none_is_wrong(capsys):
+    def broken(img, factor):
+        raise ValueError("oops")
+
+    assert check("ch1-safe-contrast", broken) == "wrong"
+    assert "raised ValueError: oops" in capsys.readouterr().out
+
+    def forgot_return(x):
+        x - x.mean(dim=1, keepdim=True)
+
+    assert check("ch1-normalize-rows", forgot_return) == "wrong"
+    assert "return" in capsys.readouterr().out
+
+
+def test_an_in_place_answer_is_caught(capsys):
+    def overwrites(img, factor):
+        img[:] = ((img.float() - 128) * factor + 128).clamp(0, 255).to(torch.uint8)
+        return img
+
+    assert check("ch1-safe-contrast", overwrites) == "wrong"
+    assert "changed its input in place" in capsys.readouterr().out
+
+
+def test_right_answers_pass():
+    assert check("ch1-broadcast-shape", [(6, 5, 3), None, (7, 7)]) == "correct"
+    assert check("ch1-safe-contrast",
+                 lambda img, f: ((img.float() - 128) * f + 128).clamp(0, 255).to(torch.uint8)) == "correct"
+    assert check("ch1-normalize-rows",
+                 lambda x: (x - x.mean(dim=1, keepdim=True)) / x.std(dim=1, keepdim=True, unbiased=False)) == "correct"
+
+
+def _good_step(model, opt, X, y, max_norm):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(X), y).backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    opt.step()
+    return norm
+
+
+def test_chapter_2_answers(capsys):
+    assert check("ch2-why-no-training", ("gate", "non-differentiable")) == "correct"
+    assert check("ch2-why-no-training", ("features", "detach")) == "wrong"
+    assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum() for p in m.parameters())) == "correct"
+    capsys.readouterr()
+    assert check("ch2-penalty-in-graph", lambda m: torch.tensor(1.0)) == "wrong"
+    out = capsys.readouterr().out
+    assert "the value is 1.0000, expected" in out
+    assert not re.search(r"\d\.\d{5,}", out), out                       # no 16-digit figures beside 4
+    assert check("ch2-clipped-step", lambda *a: _good_step(*a).item()) == "correct"
+    assert check("ch2-clipped-step", _good_step) == "wrong"             # a tensor where the task says a float
+    assert "Python float" in capsys.readouterr().out
+
+
+def test_no_hint_contains_an_answer():
+    """Hints lead to the idea; none holds the code or the value that solves its exercise."""
+    answers = {"ch1-broadcast-shape": ["(6, 5, 3)", "(7, 7)"], "ch1-safe-contrast": ["clamp(0, 255)", ".float()"],
+               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable"],
+               "ch2-penalty-in-graph": ["pow(2)", "p.pow", "** 2"], "ch2-clipped-step": ["clip_grad_norm_", ".item()"],
+               "ch4-overfit-cause": ["requires_grad", "first key", "causes is a dict"]}
+    for ex in all_exercises():
+        for answer in answers.get(ex.id, []):
+            found = re.search(answer, ex.hint) if answer.startswith(r"\b") else answer in ex.hint
+            assert not found, (ex.id, answer)
+
+
+def test_chapter_1_widget_texts_hold_no_exercise_answer():
+    from ptlab.course.pitfalls import all_pitfalls
+
+    for record in all_pitfalls(chapter=1):
+        text = record.why + record.catch
+        assert "keepdim=True" not in text and "clamp(0, 255)" not in text, record.id
+
+
+def test_unknown_exercise():
+    with pytest.raises(KeyError, match="no exercise"):
+        check("ch9-nothing", 1)

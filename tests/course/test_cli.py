@@ -1,0 +1,118 @@
+"""`python -m ptlab ...` as a learner or instructor types it."""
+import json
+import subprocess
+import sys
+
+from notebook_rules import ROOT
+
+from ptlab.__main__ import main
+from ptlab.course.catalogue import catalogue_markdown, readme_is_current
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "ptlab", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_pitfalls_json_lists_chapter_1():
+    result = run_cli("pitfalls", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert len([r for r in records if r["chapter"] == 1]) >= 4
+    assert {"id", "chapter", "title", "symptom", "why", "catch"} <= set(records[0])
+
+
+def test_pitfalls_run_prints_figures_and_each_check(capsys):
+    from ptlab.course.pitfalls import get_pitfall
+
+    record = get_pitfall("uint8-overflow")
+    for args, buggy in ((["pitfalls", "run", record.id], True), (["pitfalls", "run", record.id, "--fixed"], False)):
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        outcome = record.run(buggy=buggy)
+        assert f"({'bug on' if buggy else 'fixed'})" in out and f"symptom shows: {buggy}" in out
+        for name, value in outcome.formatted_figures().items():
+            assert f"  {name}: {value}\n" in out
+        for check in outcome.checks:
+            assert f"{'✔' if check.holds else '✘'} {check.line()}" in out
+
+
+def test_pitfalls_run_unknown_id(capsys):
+    assert main(["pitfalls", "run", "no-such-thing"]) == 2
+    assert "known ids" in capsys.readouterr().err
+
+
+def test_doctor_passes_here():
+    result = run_cli("doctor")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[ok  ] torch.compile build" in result.stdout and "cache for this CPU is now warm" in result.stdout
+    for line in ("torch", "torchvision", "device", "bf16 autocast", "C++ compiler", "embedded dataset",
+                 "ipywidgets lab extension", "READY"):
+        assert line in result.stdout
+
+
+def test_doctor_names_what_is_missing(monkeypatch):
+    from ptlab.course import doctor
+
+    monkeypatch.setattr(doctor, "_version", lambda package: None if package == "jupyterlab" else "2.14.1")
+    text, code = doctor.report(doctor.run_checks())
+    assert code == 1 and "NOT READY" in text and "jupyterlab" in text.splitlines()[-1]
+
+
+def test_doctor_reports_a_bad_device_setting_as_a_fail_line():
+    import os
+
+    result = subprocess.run([sys.executable, "-m", "ptlab", "doctor"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env={**os.environ, "PTLAB_DEVICE": "tpu"})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "[FAIL] device" in result.stdout and "PTLAB_DEVICE='tpu'" in result.stdout
+    assert "-> unset PTLAB_DEVICE" in result.stdout and "NOT READY" in result.stdout
+
+
+def test_doctor_warns_with_the_fix_when_no_cpp_compiler_is_found(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env["PATH"] = str(tmp_path)                      # an empty directory: no g++, clang++ or c++ on it
+    result = subprocess.run([sys.executable, "-m", "ptlab", "doctor"], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "[warn] C++ compiler (torch.compile on CPU)  not found" in result.stdout
+    assert "-> install a C++ compiler for chapter 8 (Debian/Ubuntu: sudo apt install g++" in result.stdout
+    assert "[warn] torch.compile build" in result.stdout and "not tried: no C++ compiler" in result.stdout
+    assert result.returncode == 0 and "READY" in result.stdout, "chapter 8 needs it; the rest of the course does not"
+
+
+def test_doctor_reports_a_compiler_that_does_not_run(monkeypatch, tmp_path):
+    from ptlab.course import doctor
+
+    broken = tmp_path / "g++"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    check = doctor.inductor_compiler_check()
+    assert not check.ok and not check.required
+    assert check.finding == "g++ found but does not run (CalledProcessError)" and "apt install g++" in check.fix
+
+
+def test_readme_catalogue_is_current():
+    from ptlab.course.pitfalls import all_pitfalls
+
+    assert readme_is_current(ROOT / "README.md"), "run `python -m ptlab catalogue --write`"
+    rows = catalogue_markdown().splitlines()[2:]
+    commands = [row.rsplit("|", 2)[-2].strip() for row in rows]
+    assert commands == [f"`python -m ptlab pitfalls run {p.id}`" for p in all_pitfalls()], \
+        "each row's command must run the pitfall of that row"
+
+
+def test_doctor_reads_the_pins_from_the_lock_and_compares(monkeypatch, tmp_path):
+    from ptlab.course import doctor
+
+    assert doctor.pinned_versions()["torch"] == "2.14.1"
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("torch==9.9.9 \\\n    --hash=sha256:00\n")
+    assert doctor.pinned_versions(lock) == {"torch": "9.9.9"}
+    assert doctor.pinned_versions(tmp_path / "none.lock") == {}, "a wheel install has no lock: nothing to compare"
+    monkeypatch.setattr(doctor, "pinned_versions", lambda: {"torch": "9.9.9"})
+    text, code = doctor.report(doctor.run_checks())
+    assert code == 1 and "made with 9.9.9" in text

@@ -1,0 +1,35 @@
+"""check() itself: a learner's error and a checker's own failure are told apart."""
+from ptlab.course.exercises import _REGISTRY, Exercise, calls_stub, check
+
+
+def _register(ex_id, checker):
+    _REGISTRY[ex_id] = Exercise(ex_id, 0, "return a number", "hint", checker)
+
+
+def test_an_error_in_the_learners_code_is_theirs(capsys):
+    _register("probe-calls-learner", lambda fn: calls_stub(fn, 1))
+
+    def answer(x):
+        return x / 0
+
+    try:
+        assert check("probe-calls-learner", answer) == "wrong"
+    finally:
+        _REGISTRY.pop("probe-calls-learner")
+    out = capsys.readouterr().out
+    assert "your answer raised ZeroDivisionError" in out and "bug in the checker" not in out
+
+
+def test_an_error_inside_the_checker_is_not_blamed_on_the_learner(capsys):
+    def buggy_checker(answer):
+        return {}["missing key"]  # a checker bug: the learner's answer is never called
+
+    buggy_checker.__code__ = buggy_checker.__code__.replace(co_filename=calls_stub.__code__.co_filename)
+    _register("probe-buggy-checker", buggy_checker)
+    try:
+        assert check("probe-buggy-checker", 42) == "wrong"
+    finally:
+        _REGISTRY.pop("probe-buggy-checker")
+    out = capsys.readouterr().out
+    assert "your answer raised" not in out
+    assert "the checker could not use your answer: KeyError" in out and "bug in the checker" in out

@@ -1,0 +1,92 @@
+"""Notebook running helpers: discovery, checked share, budgets."""
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from ptlab.course.nbrun import NotebookRun, budget_problems, checked_fraction, coalesce_streams, notebook_paths
+
+
+def _printed(source, tags=()):
+    cell = new_code_cell(source, outputs=[new_output("stream", name="stdout", text="1\n")])
+    cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def test_checked_fraction_counts_skip_and_ignore_from_tags_and_comments():
+    nb = new_notebook(cells=[_printed("# NBVAL_IGNORE_OUTPUT\n1"), _printed("2", tags=["nbval-skip"]),
+                             _printed("3"), _printed("4"), new_code_cell("   "), new_markdown_cell("x")])
+    assert checked_fraction(nb) == 0.5
+
+
+@pytest.mark.slow
+def test_bench_runs_every_notebook_even_after_one_fails(tmp_path, capsys):
+    from ptlab.course.nbrun import bench
+
+    good = new_notebook(cells=[new_code_cell("print('fine')")])
+    bad = new_notebook(cells=[new_code_cell("raise ValueError('a claim failed')"), new_code_cell("print(1)")])
+    for name, nb in (("01_bad.ipynb", bad), ("02_good.ipynb", good)):
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / name)
+    assert bench([tmp_path], markdown=True, speed=False) == 1
+    out = capsys.readouterr().out
+    assert "01_bad.ipynb" in out and "02_good.ipynb" in out
+    assert "FAIL" in out and "failed at cell 0: ValueError: a claim failed" in out
+    assert "| **all** |" in out
+    assert "Mixed precision" not in out
+
+
+@pytest.mark.slow
+def test_speed_report_prints_the_three_variants_with_peak_fractions():
+    from ptlab.amp import speed_report
+
+    lines = speed_report(width=4).splitlines()
+    assert lines[0].startswith("Mixed precision (chapter 6): SmallCNN(width=4)")
+    assert lines[1].startswith("matmul peak, GFLOP per CPU-second: float32 ") and "bfloat16" in lines[1]
+    assert lines[2].split()[:2] == ["variant", "images/CPU-s"] and "of its matmul peak" in lines[2]
+    assert [line[:22].strip() for line in lines[3:]] == ["float32", "bf16 autocast", "bf16 + channels_last"]
+    assert all(line.count("≈") == 3 for line in lines[3:])
+
+
+def test_speed_report_says_why_it_was_skipped(monkeypatch):
+    import ptlab.amp
+    from ptlab.amp import speed_report
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no bf16 kernels on this build")
+
+    monkeypatch.setattr(ptlab.amp, "speed_comparison", broken)
+    assert speed_report() == "mixed-precision speed table skipped: RuntimeError: no bf16 kernels on this build"
+
+
+def test_budget_problems_name_each_overrun():
+    ok = NotebookRun(Path("a.ipynb"), 50.0, 5.0, 3, 900.0, 0.9)
+    assert budget_problems(ok) == []
+    bad = NotebookRun(Path("a.ipynb"), 130.0, 25.0, 7, 4000.0, 0.5)
+    text = " ".join(budget_problems(bad))
+    for part in ("130 s > 120 s", "cell 7 took 25 s", "4000 MiB", "50% of code cells"):
+        assert part in text
+    assert budget_problems(NotebookRun(Path("07_ddp.ipynb"), 140.0, 5.0, 3, 900.0, 0.9)) == []
+    assert "160 s > 150 s" in " ".join(budget_problems(NotebookRun(Path("07_ddp.ipynb"), 160.0, 5.0, 3, 900.0, 0.9)))
+
+
+def test_notebook_paths_finds_solutions_and_skips_checkpoints(tmp_path):
+    for rel in ("01_a.ipynb", "solutions/01_a.ipynb", ".ipynb_checkpoints/01_a-checkpoint.ipynb"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(new_notebook(), tmp_path / rel)
+    found = [p.relative_to(tmp_path).as_posix() for p in notebook_paths([tmp_path])]
+    assert found == ["01_a.ipynb", "solutions/01_a.ipynb"]
+    with pytest.raises(FileNotFoundError, match="not a notebook"):
+        notebook_paths([tmp_path / "missing.ipynb"])
+
+
+def test_consecutive_streams_of_one_name_are_merged_and_nothing_else():
+    outputs = [new_output("stream", name="stdout", text="a\n"), new_output("stream", name="stdout", text="b\n"),
+               new_output("stream", name="stderr", text="warn\n"), new_output("stream", name="stdout", text="c\n"),
+               new_output("execute_result", data={"text/plain": "1"}, execution_count=1),
+               new_output("stream", name="stdout", text="d\n")]
+    merged = coalesce_streams(outputs)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in merged] == [
+        ("stream", "stdout", "a\nb\n"), ("stream", "stderr", "warn\n"), ("stream", "stdout", "c\n"),
+        ("execute_result", None, None), ("stream", "stdout", "d\n")]

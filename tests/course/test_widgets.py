@@ -1,0 +1,51 @@
+"""The generic pitfall widget, driven from Python (the browser tests drive it in Chromium)."""
+import matplotlib
+
+matplotlib.use("agg")
+
+from ptlab.course.pitfalls import Outcome, Pitfall, get_pitfall  # noqa: E402
+from ptlab.course.widgets import PitfallWidget, code_html, show_pitfall  # noqa: E402
+
+
+def test_widget_runs_buggy_then_fixed():
+    widget = show_pitfall("uint8-overflow")
+    assert repr(widget).startswith("PitfallWidget('uint8-overflow'): run this cell in a live kernel")
+    assert "needs a live kernel" in widget.status.value  # what a saved, not yet live widget says
+    assert widget.bug_toggle.value is True
+    widget.run()
+    assert widget.last_outcome.broken and "bug on" in widget.status.value
+    widget.bug_toggle.value = False
+    widget.run_button.click()
+    assert not widget.last_outcome.broken and "fixed" in widget.status.value
+    assert not widget.run_button.disabled
+
+
+def test_widget_shows_each_check_and_plots_with_a_bare_figure():
+    from matplotlib.figure import Figure
+
+    from ptlab.course.widgets import figures_html, prose_html
+    from ptlab.plots import plot_series
+
+    outcome = get_pitfall("uint8-overflow").run(buggy=True)
+    page = figures_html(outcome)
+    assert "BROKEN" in page and all(c.line().split(":")[0] in page for c in outcome.checks)
+    assert prose_html("call `opt.zero_grad()` & go") == "call <code>opt.zero_grad()</code> &amp; go"
+    fig = plot_series({"bug on": get_pitfall("missing-zero-grad").run(buggy=True)})
+    assert type(fig) is Figure and fig.canvas.manager is None  # not pyplot's: the inline backend never closes it
+
+
+def test_code_is_shown_with_bug_and_fix_lines_marked():
+    html = code_html(get_pitfall("missing-keepdim"))
+    assert html.count("#c0392b") == 1 and html.count("#27ae60") == 1  # one BUG line, one FIX line
+    assert "keepdim=True" in html
+
+
+def test_a_reproduction_that_raises_is_reported_not_lost():
+    def explode(buggy: bool) -> Outcome:
+        raise ValueError("boom")
+
+    record = Pitfall("explode", 0, "t", "s", "w", "c", explode)
+    widget = PitfallWidget(record)
+    widget.run()
+    assert "raised an exception" in widget.status.value
+    assert widget.last_outcome is None and not widget.run_button.disabled

@@ -1,0 +1,98 @@
+"""The pitfall contract: every registered pitfall shows its symptom buggy and not fixed."""
+import pytest
+
+from ptlab.course.pitfalls import Check, Outcome, all_pitfalls, get_pitfall, pitfall
+
+PITFALLS = all_pitfalls()
+
+
+def test_registry_is_not_empty_and_covers_chapter_1():
+    assert len(all_pitfalls(chapter=1)) >= 4
+
+
+@pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
+def test_buggy_run_shows_every_check(record):
+    outcome = record.run(buggy=True)
+    failed = [c.line() for c in outcome.checks if not c.holds]
+    assert outcome.broken and not failed, f"{record.id}: with the bug on these checks fail: {failed}"
+
+
+@pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
+def test_fixed_run_shows_no_check(record):
+    outcome = record.run(buggy=False)
+    held = [c.line() for c in outcome.checks if c.holds]
+    assert not outcome.broken and not held, f"{record.id}: fixed, these symptom checks still hold: {held}"
+
+
+@pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
+def test_both_runs_check_the_same_statements(record):
+    """The fixed run is judged by the very checks that showed the bug."""
+    buggy, fixed = record.run(buggy=True), record.run(buggy=False)
+    assert [(c.what, c.bound) for c in buggy.checks] == [(c.what, c.bound) for c in fixed.checks]
+
+
+@pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
+def test_record_is_complete(record):
+    assert record.title and record.symptom and record.why and record.catch
+    markers = [m for _, m in record.marked_lines() if m]
+    assert "BUG" in markers and "FIX" in markers
+    assert record.source.lstrip().startswith("def "), "the widget shows the function, not the decorator"
+
+
+def test_figures_follow_the_one_display_rule():
+    outcome = Outcome(figures={"tiny": 1.3e-7, "pi": 3.14159265, "n": 12345, "s": "x", "big": 123456.7},
+                      checks=[Check("pi", 3.14159265, "> 3")])
+    assert outcome.formatted_figures() == {"tiny": "≈1.3e-07", "pi": "≈3.142", "n": "12,345", "s": "x",
+                                           "big": "≈123,457"}
+    assert outcome.broken and outcome.checks[0].line() == "pi: ≈3.142 > 3"
+
+
+def test_outcome_needs_checks():
+    with pytest.raises(TypeError, match="checks"):
+        Outcome(figures={}, checks=[])
+
+
+def test_unknown_id_lists_known_ones():
+    with pytest.raises(KeyError, match="known ids: .*uint8-overflow"):
+        get_pitfall("no-such-pitfall")
+
+
+def test_registration_rejects_unmarked_code():
+    with pytest.raises(ValueError, match="# BUG"):
+        @pitfall(id="unmarked-example", chapter=0, title="t", symptom="s", why="w", catch="c")
+        def unmarked(buggy: bool) -> Outcome:
+            return Outcome(figures={}, checks=[Check("bug", buggy, "is True")])
+
+
+def test_registration_rejects_bad_id_and_signature():
+    with pytest.raises(ValueError, match="lowercase"):
+        pitfall(id="Bad Id", chapter=0, title="t", symptom="s", why="w", catch="c")(lambda buggy: None)
+    with pytest.raises(TypeError, match="buggy"):
+        @pitfall(id="no-buggy-arg", chapter=0, title="t", symptom="s", why="w", catch="c")
+        def wrong(flag):
+            x = 1  # BUG
+            return x  # FIX
+
+
+def test_outcome_rejects_tensor_series():
+    import torch
+
+    with pytest.raises(TypeError, match="plain numbers"):
+        Outcome(figures={}, checks=[Check("x", 1, "> 0")], series={"loss": [torch.tensor(1.0)]})
+
+
+def test_running_a_pitfall_leaves_the_callers_random_state_alone():
+    import random
+
+    import numpy as np
+    import torch
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    expected = draws()
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    for record in all_pitfalls(chapter=1):
+        record.run(buggy=True)
+    assert draws() == expected

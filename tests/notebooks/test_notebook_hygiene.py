@@ -1,0 +1,143 @@
+"""Committed notebooks: executed, clean, mostly output-checked, and wired to ptlab's records."""
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+from notebook_rules import ROOT, problems
+
+from ptlab.course.exercises import all_exercises
+from ptlab.course.nbrun import KERNEL_ENV, checked_fraction, notebook_paths
+from ptlab.course.pitfalls import all_pitfalls
+
+NOTEBOOKS = notebook_paths([ROOT / "notebooks"])
+CHAPTERS = [p for p in NOTEBOOKS if "solutions" not in p.parts]
+IDS = [str(p.relative_to(ROOT / "notebooks")) for p in NOTEBOOKS]
+CHECKED_FRACTIONS: dict[str, float] = {}
+
+
+def chapter_of(path: Path) -> int:
+    match = re.match(r"(\d\d)_", path.name)
+    assert match, f"{path.name}: chapter notebooks are named NN_slug.ipynb"
+    return int(match.group(1))
+
+
+def test_there_are_chapters():
+    assert CHAPTERS and all(chapter_of(p) for p in CHAPTERS)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_notebook_is_clean(path):
+    found = problems(nbformat.read(path, as_version=4))
+    assert not found, f"{path.name}:\n  " + "\n  ".join(found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_most_cells_are_output_checked(path):
+    fraction = checked_fraction(nbformat.read(path, as_version=4))
+    CHECKED_FRACTIONS[str(path.relative_to(ROOT))] = fraction
+    assert fraction >= 0.80, (f"{path.name}: only {fraction:.0%} of code cells have output strict nbval really "
+                              "compares (need 80%; a widget view or a figure alone does not count)")
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_every_pitfall_of_the_chapter_has_its_widget_and_check(path):
+    source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for record in all_pitfalls(chapter=chapter_of(path)):
+        assert f'show_pitfall("{record.id}")' in source, f"{path.name} has no widget for {record.id}"
+        assert f'compare_pitfall("{record.id}"' in source, f"{path.name} never runs {record.id} both ways"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_every_exercise_is_posed_and_solved(path):
+    chapter = chapter_of(path)
+    exercises = all_exercises(chapter=chapter)
+    assert len(exercises) >= 2, f"chapter {chapter} needs at least 2 exercises"
+    posed = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for ex in exercises:
+        assert f'check("{ex.id}"' in posed, f"{path.name} does not pose {ex.id}"
+    solution_path = path.parent / "solutions" / path.name
+    if not (path.parent / "solutions").exists():
+        pytest.skip("no notebooks/solutions/ (a workshop handout): the solutions are checked in the full course")
+    assert solution_path.exists(), f"{solution_path.name} is missing from notebooks/solutions/"
+    solved = "\n".join(c.source for c in nbformat.read(solution_path, as_version=4).cells if c.cell_type == "code")
+    for ex in exercises:
+        pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
+        assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
+
+
+def _run_nbval(tmp_path, cells, extra_files=None):
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [new_code_cell(src, execution_count=i + 1, outputs=[new_output("stream", name="stdout", text=out)])
+                for i, (src, out) in enumerate(cells)]
+    nbformat.write(nb, tmp_path / "probe.ipynb")
+    for name, text in (extra_files or {}).items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    env = {**__import__("os").environ, **KERNEL_ENV}
+    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "probe.ipynb")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_strict_nbval_fails_on_a_deprecation_warning(tmp_path):
+    """The harness itself: a torch FutureWarning, or a DeprecationWarning raised in library code, fails."""
+    result = _run_nbval(tmp_path, [
+        ("print('fine')", "fine\n"),
+        ("import torch\nwith torch.cuda.amp.autocast(enabled=False):\n    print('ok')", "ok\n"),
+        ("import oldlib\nprint(oldlib.old_api())", "1\n"),
+    ], extra_files={"oldlib.py": """
+        import warnings
+        def old_api():
+            warnings.warn("old_api is deprecated", DeprecationWarning, stacklevel=1)
+            return 1
+    """})
+    assert "1 passed" in result.stdout and "2 failed" in result.stdout, result.stdout[-3000:]
+
+
+def test_the_rules_catch_each_defect():
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+    from notebook_rules import ROOT as root
+
+    nb = new_notebook()
+    nb.cells = [
+        new_code_cell("x = 1"),                                               # never executed
+        new_code_cell("1/0", execution_count=2, outputs=[new_output(
+            "error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])]),
+        new_code_cell("print(p)", execution_count=3, outputs=[new_output(
+            "stream", name="stdout", text=f"{root}/data/file.npz\n")]),
+        new_code_cell("import torch", execution_count=4, outputs=[new_output(
+            "stream", name="stderr", text="FutureWarning: `torch.cuda.amp.autocast(args...)` is deprecated\n")]),
+        new_code_cell("def claim(s, ok):\n    pass", execution_count=5, outputs=[]),
+        new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(1)", execution_count=6,
+                      outputs=[new_output("stream", name="stdout", text="1\n")]),
+    ]
+    found = "\n".join(problems(nb))
+    for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
+                     "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag"):
+        assert expected in found, f"{expected!r} not reported in:\n{found}"
+
+
+def test_checked_share_counts_only_outputs_nbval_compares():
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from ptlab.course.nbrun import checked_fraction
+
+    widget = new_output("display_data", data={"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                                              "text/plain": "PitfallWidget('x')"})
+    figure = new_output("display_data", data={"image/png": "", "text/plain": "<Figure size 550x300 with 1 Axes>"})
+    image = new_output("display_data", data={"image/png": "", "text/plain": "<IPython.core.display.Image object>"})
+    printed = new_output("stream", name="stdout", text="✔ fine\n")
+    ignored = new_code_cell("print(1)", execution_count=4, outputs=[printed])
+    ignored.metadata["tags"] = ["nbval-ignore-output"]
+    nb = new_notebook()
+    nb.cells = [new_code_cell("show()", execution_count=1, outputs=[widget, image]),
+                new_code_cell("plot()", execution_count=2, outputs=[figure]),
+                new_code_cell("print(1)", execution_count=3, outputs=[printed, figure]),
+                ignored]
+    assert checked_fraction(nb) == 0.25

@@ -1,0 +1,70 @@
+"""ptlab.clinic: the first non-finite module is named on hand-made broken models; the lr range test's range."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ptlab.clinic import first_nonfinite, lr_range_test
+
+
+class LogOfNegative(nn.Module):
+    def forward(self, x):
+        return torch.log(x - 10)  # every input below 10 gives NaN
+
+
+def test_the_first_broken_module_is_named():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), LogOfNegative()), nn.Linear(4, 2))
+    found = first_nonfinite(model, torch.randn(8, 4))
+    assert found.where == "1.1" and found.module_type == "LogOfNegative" and found.nan > 0
+    assert "first non-finite output: 1.1 (LogOfNegative)" in str(found)
+
+
+def test_an_overflowing_weight_is_named_before_what_follows_it():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight.fill_(3e38)
+    found = first_nonfinite(model, torch.ones(2, 4))
+    assert found.where == "0" and found.inf > 0
+
+
+def test_a_poisoned_input_is_blamed_on_the_data_and_a_healthy_model_passes():
+    model = nn.Linear(4, 2)
+    X = torch.randn(8, 4)
+    assert first_nonfinite(model, X) is None
+    X[3, 1] = float("nan")
+    found = first_nonfinite(model, X)
+    assert found.where == "input" and found.nan == 1 and "the data, not the model" in str(found)
+
+
+def test_lr_range_test_finds_a_range_below_divergence_and_leaves_the_model_alone():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(512, 10, generator=g)
+    y = (X[:, 0] > 0).long()
+    loader = DataLoader(TensorDataset(X, y), batch_size=32, shuffle=True, generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 2))
+    before = [p.clone() for p in model.parameters()]
+    result = lr_range_test(model, loader, lambda p: torch.optim.SGD(p, lr=0.0), start_lr=1e-4, end_lr=1e3, steps=80)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert result.diverged_at is not None and result.best_lr < result.diverged_at
+    low, high = result.suggested
+    assert low < high <= result.best_lr and min(result.smoothed) < result.smoothed[0]
+    assert "try a peak lr between" in str(result) and result.plot().axes[0].get_xscale() == "log"
+
+
+def test_bad_ranges_are_named():
+    with pytest.raises(ValueError, match="start_lr < end_lr"):
+        lr_range_test(nn.Linear(1, 1), [], torch.optim.SGD, start_lr=1.0, end_lr=0.1)
+
+
+def test_every_clinic_row_links_to_pitfalls_that_exist():
+    from ptlab.clinic import CLINIC, ClinicRow, ClinicTable, clinic_table
+    from ptlab.course.pitfalls import all_pitfalls
+
+    table = clinic_table()
+    known = {p.id for p in all_pitfalls()}
+    assert all(pid in known for row in CLINIC for pid in row.pitfalls)
+    assert len(CLINIC) >= 9 and "(ch5)" in repr(table) and "<table" in table._repr_html_()
+    with pytest.raises(KeyError, match="no-such-pitfall"):
+        ClinicTable((ClinicRow("s", "c", "k", ("no-such-pitfall",)),))

@@ -1,0 +1,163 @@
+"""ptlab.distributed: real ranks on gloo, started with a timeout, their results gathered in rank order."""
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from notebook_rules import ROOT
+
+from ptlab import distributed as d
+from ptlab.distributed import run_ranks
+
+
+def test_free_port_can_be_bound():
+    port = d.free_port()
+    assert isinstance(port, int) and 0 < port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_two_ranks_report_in_rank_order():
+    run = run_ranks(d.describe_rank, 2, timeout_s=120)
+    assert run.ok and run.error is None and run.failed_rank is None
+    assert [r["rank"] for r in run.results] == [0, 1]
+    assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["threads"] == 1 for r in run.results)
+
+
+def test_ddp_keeps_parameters_identical_and_plain_training_does_not():
+    with_ddp = run_ranks(d.train_and_gather_checksums, steps=5, timeout_s=120)
+    alone = run_ranks(d.train_and_gather_checksums, steps=5, wrap=False, timeout_s=120)
+    assert with_ddp.results[0] == with_ddp.results[1]              # every rank gathered every rank's checksum
+    assert len({digest for _, digest in with_ddp.results[0]}) == 1
+    assert len({digest for _, digest in alone.results[0]}) == 2
+
+
+def test_sampler_pads_by_default_and_trims_with_drop_last():
+    shards = run_ranks(d.sampler_shards, n=11, timeout_s=120).results
+    assert [s["padded"][0] for s in shards] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 0]]
+    assert [s["drop_last"][0] for s in shards] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    shuffled = run_ranks(d.sampler_shards, n=12, shuffle=True, epochs=2, timeout_s=120).results
+    for epoch in range(2):
+        parts = [s["padded"][epoch] for s in shuffled]
+        assert sorted(parts[0] + parts[1]) == list(range(12))       # disjoint and complete
+    assert shuffled[0]["padded"][0] != shuffled[0]["padded"][1]     # set_epoch reshuffles
+
+
+def test_half_batches_on_two_ranks_equal_one_process_without_batchnorm():
+    plain = run_ranks(d.split_batch_vs_one_process, global_batch=16, steps=3, timeout_s=120).results
+    with_bn = run_ranks(d.split_batch_vs_one_process, global_batch=16, steps=3, batchnorm=True, timeout_s=120).results
+    assert plain[1] is None and plain[0] < 1e-5
+    assert with_bn[0] > 1e-3
+
+
+def test_rank_zero_saves_plain_keys_and_the_others_read_after_the_barrier(tmp_path):
+    run = run_ranks(d.save_on_rank_zero, folder=str(tmp_path), timeout_s=120)
+    assert run.ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "train.log"]
+    assert (tmp_path / "train.log").read_text().splitlines() == ["saved model.pt"]
+    assert all(r["loaded equals my weights"] and r["first key"] == "0.weight" for r in run.results)
+
+
+def test_a_failing_rank_ends_the_job_with_its_error_before_the_collective_timeout():
+    run = run_ranks(d.fail_on_rank, fail_rank=1, fail_at_step=2, collective_timeout_s=60.0, timeout_s=120)
+    assert not run.ok and not run.timed_out
+    assert run.failed_rank == 1 and run.error == "ValueError: rank 1: corrupt batch at step 2"
+    assert run.seconds < 30, f"the job waited {run.seconds:.1f} s: it should end when rank 1 fails, not time out"
+
+
+def test_a_rank_that_never_arrives_is_stopped_at_the_timeout():
+    run = run_ranks(d.extra_forward_on_rank_zero, batchnorm=True, collective_timeout_s=600.0, timeout_s=6.0)
+    assert run.timed_out and run.error == "timed out" and run.results == [None, None]
+    assert 6.0 <= run.seconds < 30
+
+
+def test_extra_forward_on_one_rank_is_harmless_without_buffers_and_aborts_under_no_grad_with_them():
+    ok = run_ranks(d.extra_forward_on_rank_zero, batchnorm=False, collective_timeout_s=5.0, timeout_s=120)
+    assert ok.ok and ok.results == [4, 4]
+    aborted = run_ranks(d.extra_forward_on_rank_zero, batchnorm=True, grad=False, collective_timeout_s=5.0,
+                        timeout_s=120)
+    assert aborted.errors.get(1) == "exited with code -6"
+    assert "collective mismatch" in aborted.outputs[1]
+
+
+def test_run_ranks_rejects_bad_arguments():
+    def local():
+        return 1
+
+    with pytest.raises(ValueError, match="cannot be imported by name"):
+        run_ranks(local)
+    with pytest.raises(ValueError, match="world_size"):
+        run_ranks(d.describe_rank, 0)
+    with pytest.raises(ValueError, match="start_method"):
+        run_ranks(d.describe_rank, start_method="fork")
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_ranks(d.describe_rank, timeout_s=0)
+    with pytest.raises(TypeError, match="function"):
+        run_ranks("describe_rank")
+
+
+@pytest.mark.slow
+def test_spawn_cannot_start_a_function_of_an_interactive_main_but_can_from_a_script(tmp_path):
+    code = textwrap.dedent("""
+        from ptlab.distributed import run_ranks
+
+        def defined_in_main():
+            return 1
+
+        if __name__ == "__main__":
+            run = run_ranks(defined_in_main, 1, start_method="spawn", timeout_s=120)
+            print(run.failed_rank, run.error, run.results)
+    """)
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    # `python -c` is like a notebook: its __main__ has no file, so the child cannot import the function
+    interactive = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                                 cwd=tmp_path, env=env)
+    assert interactive.returncode == 0, interactive.stderr
+    assert interactive.stdout.startswith("0 AttributeError: Can't get attribute 'defined_in_main'"), interactive.stdout
+    # a script's __main__ is a file: spawn runs it again as __mp_main__ (the guard skips the launch), and it works
+    (tmp_path / "main_fn.py").write_text(code)
+    script = subprocess.run([sys.executable, "main_fn.py"], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, env=env)
+    assert script.returncode == 0 and script.stdout == "None None [1]\n", script.stdout + script.stderr
+
+
+def test_clean_error_removes_machine_specific_parts():
+    raw = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] "
+           "Connection closed by peer [127.0.0.1]:46274.")
+    assert d.clean_error(raw) == "RuntimeError: Connection closed by peer [127.0.0.1]:PORT."
+    assert d.clean_error("AttributeError: x on <module '__mp_main__' from '/a/b/c.py'>") == \
+        "AttributeError: x on <module '__mp_main__'>"
+    assert d.last_error_line("Traceback\n  File x\n[rank1]: ValueError: bad\n") == "ValueError: bad"
+    assert d.last_error_line("all good\n") is None
+
+
+def test_commands_and_masking():
+    command = d.torchrun_command(["-m", "ptlab", "train"], 2)
+    text = d.shown_command(command)
+    assert text.startswith("python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d "
+                           "--rdzv-endpoint=127.0.0.1:PORT -m ptlab train")
+    multi = d.multinode_command(nnodes=2, nproc=8, endpoint="node0:29500")
+    for part in ("--nnodes=2", "--nproc-per-node=8", "--node-rank=", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500"):
+        assert part in multi
+    assert d.mask_figures("loss 2.4461, epoch 1, acc 0.1250") == "loss ≈2.4461, epoch 1, acc ≈0.1250"
+    with pytest.raises(ValueError):
+        d.torchrun_command(["x.py"], 0)
+
+
+def test_scaling_estimate_follows_the_ring_formula():
+    result = d.ScalingResult(one={"step": 1.0, "step cpu": 1.0}, many={"step": 0.5, "step cpu": 0.6, "compute": 0.4,
+                             "allreduce": 0.1}, world_size=2, global_batch=64)
+    assert result.speedup == pytest.approx(2.0) and result.cpu_ratio == pytest.approx(1.2)
+    assert result.estimate(1) == pytest.approx(1.0)
+    assert result.estimate(2) == pytest.approx(0.8 / (0.4 + 0.1))
+    assert result.estimate(4) == pytest.approx(0.8 / (0.2 + 0.1 * 1.5))
+    with pytest.raises(ValueError):
+        result.estimate(0)
+
+
+def test_measure_scaling_times_both_sides():
+    result = d.measure_scaling(world_size=2, global_batch=16, steps=1, rounds=1)
+    for side in (result.one, result.many):
+        assert {"step", "step cpu", "compute", "allreduce", "gradient MB"} <= set(side) and side["step"] > 0
+    assert result.cpu_ratio > 0.5 and result.estimate(8) > 1

@@ -1,0 +1,106 @@
+"""Chapter 8: torch.export, .pt2, ONNX export verified with onnxruntime, latency and quantization helpers."""
+import pytest
+import torch
+from torch import nn
+
+from ptlab.compiling import TinyTransformerBlock
+from ptlab.exporting import (
+    LatencyRow,
+    SoftmaxOverSequence,
+    dynamic_shapes_for,
+    export_onnx,
+    export_program,
+    format_diffs,
+    format_latency_table,
+    legacy_dynamic_int8,
+    max_abs_diffs,
+    onnx_input_shapes,
+    onnx_session,
+    run_onnx,
+    save_and_load_pt2,
+    serialized_bytes,
+    time_side_by_side,
+)
+
+SHAPES = [(1, 5, 8), (4, 10, 8), (3, 37, 8)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return SoftmaxOverSequence().eval()
+
+
+def test_dynamic_shapes_for_names_dims_and_rejects_bad_input():
+    spec = dynamic_shapes_for({0: "batch", 1: "seq"})
+    assert list(spec) == ["x"] and sorted(spec["x"]) == [0, 1]
+    with pytest.raises(TypeError, match="dim index"):
+        dynamic_shapes_for({"0": "batch"})
+
+
+def test_exported_program_saved_and_loaded_matches_eager_on_several_shapes(model, tmp_path):
+    program = export_program(model, torch.randn(2, 10, 8), {0: "batch", 1: "seq"})
+    loaded, size = save_and_load_pt2(program, tmp_path, "m.pt2")
+    assert size > 0 and (tmp_path / "m.pt2").is_file()
+    diffs = max_abs_diffs(model, loaded.module(), SHAPES)
+    assert list(diffs) == SHAPES and max(diffs.values()) <= 1e-6
+    assert "within 0.0001: True" in format_diffs(diffs, 1e-4)
+    with pytest.raises(ValueError, match=".pt2"):
+        save_and_load_pt2(program, tmp_path, "m.pt")
+
+
+def test_export_with_a_fixed_dim_refuses_another_size(model):
+    program = export_program(model, torch.randn(2, 10, 8), {0: "batch"})
+    with pytest.raises(Exception, match="Guard failed"):
+        program.module()(torch.randn(2, 11, 8))
+
+
+def test_onnx_export_dynamic_dims_verified_with_onnxruntime(model, tmp_path):
+    size = export_onnx(model, torch.randn(2, 10, 8), tmp_path / "m.onnx", {0: "batch", 1: "seq"})
+    assert size > 0
+    session = onnx_session(tmp_path / "m.onnx")
+    assert onnx_input_shapes(session) == {"x": ["batch", "seq", 8]}
+    diffs = max_abs_diffs(model, lambda t: run_onnx(session, t), SHAPES)
+    assert max(diffs.values()) <= 1e-4
+    with pytest.raises(ValueError, match=".onnx"):
+        export_onnx(model, torch.randn(2, 10, 8), tmp_path / "m.bin", {0: "batch"})
+
+
+def test_onnx_export_of_the_transformer_block_with_batch_and_seq(tmp_path):
+    torch.manual_seed(0)
+    block = TinyTransformerBlock(d_model=16, heads=2).eval()
+    export_onnx(block, torch.randn(2, 6, 16), tmp_path / "b.onnx", {0: "batch", 1: "seq"})
+    session = onnx_session(tmp_path / "b.onnx")
+    diffs = max_abs_diffs(block, lambda t: run_onnx(session, t), [(1, 3, 16), (5, 17, 16)])
+    assert max(diffs.values()) <= 1e-4
+
+
+def test_max_abs_diffs_detects_a_difference_and_needs_shapes():
+    diffs = max_abs_diffs(lambda x: x, lambda x: x + 0.5, [(2, 3)])
+    assert diffs[(2, 3)] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least one"):
+        max_abs_diffs(lambda x: x, lambda x: x, [])
+
+
+def test_latency_table_runs_each_callable_and_left_aligns():
+    counts = {"a": 0, "b": 0}
+    rows = time_side_by_side({"a": lambda: counts.__setitem__("a", counts["a"] + 1),
+                              "b": lambda: counts.__setitem__("b", counts["b"] + 1)}, repeats=4, warmup=1)
+    assert counts == {"a": 5, "b": 5} and [r.name for r in rows] == ["a", "b"]
+    table = format_latency_table([LatencyRow("eager", 0.002), LatencyRow("onnx", 0.001)])
+    assert table.splitlines()[2].startswith("onnx") and "≈0.5x" in table
+    with pytest.raises(ValueError, match="at least two"):
+        time_side_by_side({"a": lambda: None})
+
+
+def test_legacy_int8_shrinks_linear_weights_and_reports_the_deprecation():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+    quantized, messages = legacy_dynamic_int8(model)
+    assert serialized_bytes(quantized) < 0.4 * serialized_bytes(model)
+    assert any(m.startswith("DeprecationWarning:") and "torchao" in m for m in messages)
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        assert (quantized(x) - model(x)).abs().max().item() < 0.05
+
+

@@ -1,0 +1,138 @@
+"""The reference training script: one process, torchrun with 2 processes on gloo, resume, clear errors."""
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ptlab.distributed import run_torchrun
+from ptlab.train_script import EpochSettingLoader, amp_settings, build_parser, main
+
+SMALL = ["--dry-run", "--width", "8", "--batch-size", "32"]
+
+
+def read_runs(folder):
+    return [json.loads(line) for line in (folder / "runs" / "runs.jsonl").read_text().splitlines()]
+
+
+def test_help_shows_every_default():
+    text = " ".join(build_parser().format_help().split())       # argparse wraps lines at the terminal width
+    for default in ("(default: 128)", "(default: embedded)", "(default: checkpoints)", "(default: runs)"):
+        assert default in text
+    assert "torchrun --nproc-per-node=2 -m ptlab train" in text
+
+
+def test_dry_run_single_process_checkpoints_and_logs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(SMALL) == 0
+    out = capsys.readouterr().out
+    assert "world size 1 (one process)" in out and "AMP: off" in out
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    [run] = read_runs(tmp_path)
+    assert run["config"]["world_size"] == 1 and len(run["curves"]["val_acc"]) == 1
+    assert run["checkpoint"] == "checkpoints/best.pt"
+
+    assert main([*SMALL, "--resume", "--epochs", "2"]) == 0      # one more epoch from last.pt
+    assert "resumed from checkpoints/last.pt after epoch 1" in capsys.readouterr().out
+    runs = read_runs(tmp_path)
+    assert len(runs) == 2 and runs[1]["curves"]["epoch"] == [1, 2]
+    assert runs[1]["curves"]["val_acc"][0] == runs[0]["curves"]["val_acc"][0]
+
+
+def test_bad_arguments_get_one_clear_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for argv, message in ((["--dataset", "mnist"], "invalid choice: 'mnist'"),
+                          (["--resume"], "--resume: no checkpoint at checkpoints/last.pt"),
+                          (["--epochs", "0"], "--epochs must be at least 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "4")                        # as torchrun would set it, before any group
+    with pytest.raises(SystemExit):
+        main(["--batch-size", "2"])
+    assert "--batch-size 2 is smaller than the world size 4" in capsys.readouterr().err
+
+
+def test_epoch_setting_loader_reshuffles_each_pass_and_passes_attributes_through():
+    sampler = DistributedSampler(range(16), num_replicas=2, rank=0, seed=0)
+    loader = EpochSettingLoader(DataLoader(range(16), batch_size=4, sampler=sampler), first_epoch=3)
+    first, second = [b.tolist() for b in loader], [b.tolist() for b in loader]
+    assert first != second and loader.epoch == 5 and len(loader) == 2
+    sampler.set_epoch(3)
+    assert sum(first, []) == list(sampler)                       # the first pass was epoch 3
+    assert loader.batch_size == 4 and loader.generator is None
+
+
+def test_amp_is_chosen_by_device():
+    assert amp_settings(torch.device("cpu"), True, False)[:2] == (None, None)
+    assert amp_settings(torch.device("cpu"), True, True)[1] is torch.bfloat16
+    with warnings.catch_warnings():                                # "CUDA is not available. Disabling." here
+        warnings.simplefilter("ignore", UserWarning)
+        scaler, dtype, text = amp_settings(torch.device("cuda"), True, False)
+    assert isinstance(scaler, torch.amp.GradScaler) and dtype is torch.float16 and "GradScaler" in text
+    assert amp_settings(torch.device("cuda"), False, False)[:2] == (None, None)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_on_gloo_dry_run(tmp_path):
+    result = run_torchrun(["-m", "ptlab", "train", *SMALL], nproc=2, cwd=tmp_path, timeout_s=240)
+    assert result.returncode == 0 and not result.timed_out, result.stderr[-3000:]
+    assert result.stdout.count("world size 2 (gloo)") == 1            # rank 0 alone prints
+    assert "batch 16 per rank (32 in all)" in result.stdout
+    [run] = read_runs(tmp_path)                                        # rank 0 alone logs
+    assert run["config"]["world_size"] == 2
+    state = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert not any(key.startswith("module.") for key in state["model"])   # the plain model's keys
+
+
+@pytest.mark.slow
+def test_torchrun_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    # A collective timeout far longer than the launch timeout: only failure detection can end the job in time.
+    result = run_torchrun(["-m", "ptlab", "train", *SMALL, "--fail-rank", "1", "--timeout", "900"], nproc=2,
+                          cwd=tmp_path, timeout_s=240)
+    assert not result.timed_out, f"the job hung for {result.seconds:.0f} s"
+    assert result.returncode != 0 and result.root_cause_rank == 1
+    assert result.error_of(1) == "RuntimeError: rank 1 failed on purpose (--fail-rank)"
+    assert not (tmp_path / "runs").exists()                            # no run logged for a failed job
+
+
+@pytest.mark.slow
+def test_torchrun_batch_smaller_than_world_size_is_refused(tmp_path):
+    result = run_torchrun(["-m", "ptlab", "train", "--batch-size", "1"], nproc=2, cwd=tmp_path, timeout_s=240)
+    assert result.returncode != 0 and not result.timed_out
+    assert result.usage_errors == ["python -m ptlab train: error: --batch-size 1 is smaller than the world size 2: "
+                                   "every process needs at least one example per step"]
+
+
+def test_python_m_ptlab_train_forwards_to_the_script(tmp_path, capsys):
+    from ptlab.__main__ import main as cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["train", "--help"])
+    assert exit_info.value.code == 0 and "usage: python -m ptlab train" in capsys.readouterr().out
+    assert os.environ.get("RANK") is None
+
+
+def _final_weights(folder):
+    return torch.load(folder / "checkpoints" / "last.pt", weights_only=True)["model"]
+
+
+def test_resume_is_bit_exact_one_plus_one_equals_two(tmp_path, monkeypatch):
+    """`--epochs 1` then `--resume --epochs 2` ends with the very weights of `--epochs 2` straight through."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    for folder in (straight, resumed):
+        folder.mkdir()
+    monkeypatch.chdir(straight)
+    assert main([*SMALL, "--epochs", "2"]) == 0
+    monkeypatch.chdir(resumed)
+    assert main([*SMALL, "--epochs", "1"]) == 0
+    assert main([*SMALL, "--resume", "--epochs", "2"]) == 0
+    a, b = _final_weights(straight), _final_weights(resumed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the straight run's"
