@@ -106,7 +106,7 @@ def load_runs(runs_dir: str | Path = "runs") -> list[Run]:
 
 
 class RunTable:
-    """Runs side by side: name, the config keys that differ, and the metrics; sorted by one metric."""
+    """Runs side by side: name, the config keys that differ, and the metrics; sorted by one metric or config key."""
 
     def __init__(self, runs: list[Run], sort_by: str | None = None, descending: bool = True):
         self.runs = list(runs)
@@ -116,9 +116,11 @@ class RunTable:
         if sort_by is not None:
             if sort_by not in self.metric_keys and sort_by not in keys:
                 raise KeyError(f"cannot sort by {sort_by!r}: metrics are {self.metric_keys}, config keys {keys}")
-            def key(r: Run):
+            def key(r: Run):  # finite numbers in the order asked for, then other values by their text, then none
                 value = r.metrics.get(sort_by, r.config.get(sort_by))
-                return (value is None, -value if descending and isinstance(value, (int, float)) else value)
+                if isinstance(value, int) or isinstance(value, float) and math.isfinite(value):
+                    return (0, -value if descending else value, "")
+                return (2 if value is None else 1, 0, str(value))  # "nan", "inf" and strings, then missing
             self.runs.sort(key=key)
 
     def rows(self) -> list[list[str]]:
@@ -146,7 +148,7 @@ class RunTable:
 
 def compare_runs(runs: list[Run] | str | Path = "runs", sort_by: str | None = None,
                  descending: bool = True) -> RunTable:
-    """A table of runs (a list, or the runs folder), sorted by a metric or config key."""
+    """A table of runs (a list, or the runs folder), sorted by a metric or config key (not-finite values last)."""
     if not isinstance(runs, list):
         runs = load_runs(runs)
     return RunTable(runs, sort_by=sort_by, descending=descending)

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from ptlab.experiments import compare_runs, load_runs, log_run, plot_runs
+from ptlab.experiments import Run, compare_runs, load_runs, log_run, plot_runs
 
 
 def test_runs_are_appended_and_read_back(tmp_path):
@@ -84,3 +84,17 @@ def test_a_line_cut_inside_a_utf8_character_loses_only_that_line(tmp_path):
         log_run({"model": "a\x85b"}, {"acc": 0.7}, runs_dir=tmp_path)  # NEL: a line break to str.splitlines
     with pytest.warns(UserWarning, match="runs.jsonl:2 is not a complete run record"):
         assert [r.config["model"] for r in load_runs(tmp_path)] == ["résnet", "vït", "a\x85b"]
+
+
+def test_a_diverged_run_sorts_last_instead_of_breaking_the_table(tmp_path):
+    log_run({"lr": 0.1}, {"val_acc": 0.70}, runs_dir=tmp_path)
+    log_run({"lr": 10.0}, {"val_acc": float("nan")}, runs_dir=tmp_path)  # stored as the string "nan"
+    log_run({"lr": 0.01}, {"val_acc": 0.90}, runs_dir=tmp_path)
+    log_run({"lr": 1.0}, {"val_loss": 2.3}, runs_dir=tmp_path)  # no val_acc at all
+    for descending, order in ((True, ["run-003", "run-001", "run-002", "run-004"]),
+                              (False, ["run-001", "run-003", "run-002", "run-004"])):
+        table = compare_runs(tmp_path, sort_by="val_acc", descending=descending)
+        assert [row[0] for row in table.rows()[1:]] == order, "finite numbers sorted, then nan, then missing"
+    runs = load_runs(tmp_path) + [Run("hand-made", {"lr": 5.0}, {"val_acc": float("inf")})]  # a float inf
+    names = [r.name for r in compare_runs(runs, sort_by="val_acc").runs]
+    assert names[:2] == ["run-003", "run-001"] and names[-1] == "run-004", "inf is not a best accuracy"
