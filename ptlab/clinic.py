@@ -1,7 +1,10 @@
 """The troubleshooting clinic's tools: where a NaN first appears, and which learning rates train at all.
 
-`first_nonfinite(model, X)` runs one forward pass with hooks and names the first module whose
-output holds NaN or inf, or says the input itself does (a poisoned sample, not the model).
+`first_nonfinite(model, X)` runs one forward pass with hooks on every module and names where NaN or
+inf first appears: the input itself (a poisoned sample, not the model), a module's output, or a
+module's own forward code (a `torch.log` or `torch.exp` between or after its submodules, seen as a
+non-finite input to a submodule or output that no submodule produced). An inf made on purpose and
+passed to a submodule (a -inf attention mask) is reported too.
 `lr_range_test(model, loader, ...)` trains a copy with an exponentially growing learning rate and
 records the loss, to pick a range before a long run. Its limits: one short run on a few batches,
 the suggestion is a starting point for a schedule's peak, not a tuned value.
@@ -11,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -19,43 +22,73 @@ from torch import nn
 
 @dataclass(frozen=True)
 class NonFinite:
-    """Where non-finite values first appeared in a forward pass (where == 'input' for the data)."""
+    """Where non-finite values first appeared in a forward pass (where: 'input' for the data, '' for the model)."""
 
     where: str
     module_type: str
     nan: int
     inf: int
+    # Set when where's own forward code made them, not a submodule's: (the submodule that returned last
+    # before, the submodule they were passed to); None at either end means the start, or where's output.
+    between: tuple[str | None, str | None] | None = None
 
     def __str__(self) -> str:
         if self.where == "input":
             return f"the input batch holds {self.nan} NaN and {self.inf} inf values: the data, not the model"
-        return (f"first non-finite output: {self.where} ({self.module_type}), "
-                f"{self.nan} NaN and {self.inf} inf values")
+        counts = f"{self.nan} NaN and {self.inf} inf values"
+        name = f"{self.where} ({self.module_type})" if self.where else f"the model ({self.module_type})"
+        if self.between is None:
+            return f"first non-finite output: {name}, {counts}"
+        last, passed_to = self.between
+        span = (f" between {last} and {passed_to}" if last and passed_to else f" before {passed_to}" if passed_to
+                else f" after {last}" if last else "")
+        what = (f"{passed_to} received {counts} that no submodule produced" if passed_to
+                else f"its output holds {counts} that none of its submodules produced")
+        return f"made inside the forward of {'module ' * bool(self.where)}{name}{span}: {what}"
 
 
-def _count(t: torch.Tensor) -> tuple[int, int]:
-    return int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+def _count(value: Any) -> tuple[int, int]:
+    """NaN and inf counts over the floating-point tensors in value (a tensor, or tuples, lists, dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return (int(torch.isnan(value).sum()), int(torch.isinf(value).sum())) if value.is_floating_point() else (0, 0)
+    parts = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    counts = [_count(v) for v in parts]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
-    """One forward pass under no_grad with hooks on every module; None when every output is finite."""
+    """One forward pass under no_grad with hooks on every module; None when nothing non-finite appeared."""
     if not isinstance(model, nn.Module) or not isinstance(X, torch.Tensor):
         raise TypeError("first_nonfinite(model, X) needs an nn.Module and an input tensor")
     if X.is_floating_point() and not torch.isfinite(X).all():
         return NonFinite("input", type(X).__name__, *_count(X))
     found: list[NonFinite] = []
+    running: list[list] = []  # [name, module, the submodule that returned last] per forward running, outermost first
 
-    def hook(name: str):
-        def check(module, inputs, output):
-            outputs = output if isinstance(output, (tuple, list)) else (output,)
-            for out in outputs:
-                if not found and isinstance(out, torch.Tensor) and out.is_floating_point() \
-                        and not torch.isfinite(out).all():
-                    found.append(NonFinite(name, type(module).__name__, *_count(out)))
+    def entering(name: str):
+        def check(module, inputs):
+            counts = _count(inputs) if not found and running else (0, 0)
+            if any(counts):  # no submodule's output was non-finite: the calling forward's own code made it
+                caller, caller_module, last = running[-1]
+                found.append(NonFinite(caller, type(caller_module).__name__, *counts, between=(last, name)))
+            running.append([name, module, None])
         return check
 
-    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
-    handles = [m.register_forward_hook(hook(n)) for n, m in leaves]
+    def leaving(name: str):
+        def check(module, inputs, output):
+            last = running.pop()[2]
+            counts = _count(output) if not found else (0, 0)
+            if any(counts):  # made by this module: a leaf, or the forward code of one with submodules
+                has_children = next(module.children(), None) is not None
+                found.append(NonFinite(name, type(module).__name__, *counts,
+                                       between=(last, None) if has_children else None))
+            if running:
+                running[-1][2] = name
+        return check
+
+    modules = list(model.named_modules())
+    handles = [m.register_forward_pre_hook(entering(n)) for n, m in modules]
+    handles += [m.register_forward_hook(leaving(n)) for n, m in modules]
     try:
         with torch.no_grad():
             model(X)

@@ -68,3 +68,46 @@ def test_every_clinic_row_links_to_pitfalls_that_exist():
     assert len(CLINIC) >= 9 and "(ch5)" in repr(table) and "<table" in table._repr_html_()
     with pytest.raises(KeyError, match="no-such-pitfall"):
         ClinicTable((ClinicRow("s", "c", "k", ("no-such-pitfall",)),))
+
+
+class LogInForward(nn.Module):
+    """Every submodule's output is finite; the log in this forward's own code makes the NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return torch.log(self.head(self.body(x)))
+
+
+def test_a_nan_made_by_a_function_call_in_forward_is_blamed_on_that_forward():
+    torch.manual_seed(0)
+    found = first_nonfinite(LogInForward(), torch.randn(8, 4))
+    assert found is not None, "the model's output is NaN, yet every module looked fine"
+    assert (found.where, found.module_type, found.between) == ("", "LogInForward", ("head", None)) and found.nan > 0
+    assert str(found).startswith("made inside the forward of the model (LogInForward) after head: its output holds")
+    torch.manual_seed(0)
+    found = first_nonfinite(nn.Sequential(nn.Identity(), LogInForward()), torch.randn(8, 4))
+    assert (found.where, found.between) == ("1", ("1.head", None))
+    assert "inside the forward of module 1 (LogInForward) after 1.head" in str(found)
+
+
+class ExpBetween(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+        with torch.no_grad():
+            self.first.weight.fill_(100.0)
+
+    def forward(self, x):
+        return self.second(torch.exp(self.first(x)))  # exp(400) overflows float32: inf before `second`
+
+
+def test_an_inf_made_between_two_children_is_blamed_on_the_parent_not_the_next_child():
+    found = first_nonfinite(ExpBetween(), torch.ones(2, 4))
+    assert found.where != "second", "second only received the inf"
+    assert (found.where, found.module_type, found.between) == ("", "ExpBetween", ("first", "second"))
+    assert found.inf == 8 and found.nan == 0
+    assert str(found) == ("made inside the forward of the model (ExpBetween) between first and second: "
+                          "second received 0 NaN and 8 inf values that no submodule produced")
