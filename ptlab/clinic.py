@@ -3,21 +3,24 @@
 `first_nonfinite(model, X)` runs one forward pass with hooks on every module and names where NaN or
 inf first appears: the input itself (a poisoned sample, not the model), a module's output, or a
 module's own forward code (a `torch.log` or `torch.exp` between or after its submodules, seen as a
-non-finite input to a submodule or output that no submodule produced). An inf made on purpose and
-passed to a submodule (a -inf attention mask) is reported too.
+non-finite input to a submodule or output that no submodule produced). It leaves the model's buffers
+(BatchNorm statistics) and torch's random generators as they were. An inf made on purpose and passed
+to a submodule (a -inf attention mask) is reported too.
 `lr_range_test(model, loader, ...)` trains a copy with an exponentially growing learning rate and
 records the loss, to pick a range before a long run. Its limits: one short run on a few batches,
 the suggestion is a starting point for a schedule's peak, not a tuned value.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,16 @@ def _count(value: Any) -> tuple[int, int]:
     return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
+@contextlib.contextmanager
+def _random_kept(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Restore on exit torch's global generators (CPU, and the accelerators these tensors are on)."""
+    accelerator = torch.accelerator.current_accelerator()
+    kind = accelerator.type if accelerator is not None else "cuda"
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == kind})
+    with torch.random.fork_rng(devices=devices, device_type=kind):
+        yield
+
+
 def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
     """One forward pass under no_grad with hooks on every module; None when nothing non-finite appeared."""
     if not isinstance(model, nn.Module) or not isinstance(X, torch.Tensor):
@@ -89,12 +102,16 @@ def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
     modules = list(model.named_modules())
     handles = [m.register_forward_pre_hook(entering(n)) for n, m in modules]
     handles += [m.register_forward_hook(leaving(n)) for n, m in modules]
+    buffers = [(b, b.clone()) for b in model.buffers() if not is_lazy(b)]  # a train-mode pass updates BatchNorm's
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _random_kept([X, *model.parameters()]):
             model(X)
     finally:
         for h in handles:
             h.remove()
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
     return found[0] if found else None
 
 

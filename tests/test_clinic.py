@@ -111,3 +111,17 @@ def test_an_inf_made_between_two_children_is_blamed_on_the_parent_not_the_next_c
     assert found.inf == 8 and found.nan == 0
     assert str(found) == ("made inside the forward of the model (ExpBetween) between first and second: "
                           "second received 0 NaN and 8 inf values that no submodule produced")
+
+
+def test_first_nonfinite_leaves_a_train_mode_model_and_the_random_generators_as_they_were():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), LogOfNegative(),
+                          nn.BatchNorm1d(4)).train()
+    X = torch.randn(8, 4)
+    buffers = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    assert first_nonfinite(model, X).where == "3"
+    changed = [k for k, v in buffers.items() if not torch.equal(v, model.state_dict()[k])]
+    assert not changed, "the pass updated the BatchNorm statistics"
+    assert torch.equal(torch.get_rng_state(), rng), "the pass drew from the global generator (Dropout)"
+    assert model.training
