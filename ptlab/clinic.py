@@ -60,13 +60,18 @@ def _count(value: Any) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def _random_kept(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
-    """Restore on exit torch's global generators (CPU, and the accelerators these tensors are on)."""
+def _random_kept(tensors: Iterable[torch.Tensor], generators: Iterable[torch.Generator] = ()) -> Iterator[None]:
+    """Restore on exit torch's global generators (CPU, and the accelerators these tensors are on) and `generators`."""
     accelerator = torch.accelerator.current_accelerator()
     kind = accelerator.type if accelerator is not None else "cuda"
     devices = sorted({t.device.index or 0 for t in tensors if t.device.type == kind})
+    states = [(g, g.get_state()) for g in generators]
     with torch.random.fork_rng(devices=devices, device_type=kind):
-        yield
+        try:
+            yield
+        finally:
+            for g, state in states:
+                g.set_state(state)
 
 
 def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
@@ -160,13 +165,28 @@ class LRRangeResult:
         return fig
 
 
+def _loader_generators(loader: Iterable) -> list[torch.Generator]:
+    """The generators a DataLoader draws its order and worker seeds from: its own, its samplers'."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    holders = (loader, getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None))
+    found = (getattr(holder, "generator", None) for holder in holders)
+    return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    """A tensor moved to device; anything else as it is."""
+    return batch.to(device) if isinstance(batch, torch.Tensor) else batch
+
+
 def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[..., torch.optim.Optimizer], *,
                   start_lr: float = 1e-6, end_lr: float = 10.0, steps: int = 100, loss_fn: Callable | None = None,
                   smoothing: float = 0.9, stop_factor: float = 4.0) -> LRRangeResult:
     """Train a copy of model for `steps` batches, the lr growing from start_lr to end_lr; stop on divergence.
 
-    make_optimizer(params) builds the optimizer (its lr is overridden each step). The model passed in is
-    not changed. The run stops when the smoothed loss exceeds stop_factor times the best one.
+    make_optimizer(params) builds the optimizer (its lr is overridden each step). Each batch is moved to
+    the device of the model's parameters. The model passed in is not changed, nor are torch's global
+    random generators or the loader's (its own, its sampler's): they are restored afterwards.
+    The run stops when the smoothed loss exceeds stop_factor times the best one.
     """
     if not 0 < start_lr < end_lr:
         raise ValueError(f"need 0 < start_lr < end_lr, got start_lr={start_lr} end_lr={end_lr}")
@@ -175,30 +195,34 @@ def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[.
     loss_fn = loss_fn or nn.functional.cross_entropy
     twin = copy.deepcopy(model).train()
     optimizer = make_optimizer(twin.parameters())
+    device = next(twin.parameters()).device
     growth = (end_lr / start_lr) ** (1 / (steps - 1))
-    result, average, batches = LRRangeResult(), 0.0, iter(loader)
-    for step in range(steps):
-        try:
-            X, y = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            X, y = next(batches)
-        lr = start_lr * growth ** step
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss = loss_fn(twin(X), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        value = loss.item()
-        average = smoothing * average + (1 - smoothing) * value
-        smoothed = average / (1 - smoothing ** (step + 1))  # bias-corrected, as Adam does
-        if not math.isfinite(smoothed) or (result.smoothed and smoothed > stop_factor * min(result.smoothed)):
-            result.diverged_at = lr
-            break
-        result.lrs.append(lr)
-        result.losses.append(value)
-        result.smoothed.append(smoothed)
+    result, average = LRRangeResult(), 0.0
+    with _random_kept(twin.parameters(), _loader_generators(loader)):
+        batches = iter(loader)
+        for step in range(steps):
+            try:
+                X, y = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                X, y = next(batches)
+            X, y = _to(X, device), _to(y, device)
+            lr = start_lr * growth ** step
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = loss_fn(twin(X), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            value = loss.item()
+            average = smoothing * average + (1 - smoothing) * value
+            smoothed = average / (1 - smoothing ** (step + 1))  # bias-corrected, as Adam does
+            if not math.isfinite(smoothed) or (result.smoothed and smoothed > stop_factor * min(result.smoothed)):
+                result.diverged_at = lr
+                break
+            result.lrs.append(lr)
+            result.losses.append(value)
+            result.smoothed.append(smoothed)
     if not result.lrs:
         raise RuntimeError("the loss was not finite even at start_lr: check the data and the model first "
                            "(first_nonfinite names where a NaN comes from)")

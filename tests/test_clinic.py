@@ -2,7 +2,7 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 from ptlab.clinic import first_nonfinite, lr_range_test
 
@@ -125,3 +125,41 @@ def test_first_nonfinite_leaves_a_train_mode_model_and_the_random_generators_as_
     assert not changed, "the pass updated the BatchNorm statistics"
     assert torch.equal(torch.get_rng_state(), rng), "the pass drew from the global generator (Dropout)"
     assert model.training
+
+
+def test_lr_range_test_leaves_the_loader_generator_and_the_global_generator_as_they_were():
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(256, 10, generator=g), torch.randint(0, 2, (256,), generator=g)
+    model = nn.Sequential(nn.Linear(10, 16), nn.Dropout(0.2), nn.Linear(16, 2))
+    data = TensorDataset(X, y)
+    for loader in (DataLoader(data, batch_size=32, shuffle=True, generator=g),
+                   DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data, generator=g), 32, False)),
+                   DataLoader(data, batch_size=32, shuffle=True)):  # this sampler seeds itself from torch's
+        loader_state, rng = g.get_state(), torch.get_rng_state()
+        lr_range_test(model, loader, lambda p: torch.optim.SGD(p, lr=0.0), steps=12)
+        assert torch.equal(g.get_state(), loader_state), "the loader's generator moved on"
+        assert torch.equal(torch.get_rng_state(), rng), "the global generator moved on"
+
+
+class ParametersOnMeta(nn.Module):
+    """Parameters on the meta device, a stand-in for a GPU on this CPU-only machine."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(2, 10, device="meta"))
+
+    def forward(self, x):
+        assert x.device == self.weight.device, f"batch on {x.device}, parameters on {self.weight.device}"
+        return torch.zeros(len(x), 2, requires_grad=True)  # a real number to record (meta tensors have none)
+
+
+def test_lr_range_test_moves_each_batch_to_the_device_of_the_parameters():
+    loader = DataLoader(TensorDataset(torch.randn(64, 10), torch.randint(0, 2, (64,))), batch_size=16)
+
+    def loss_fn(out, y):
+        assert y.device.type == "meta", f"labels on {y.device}, parameters on meta"
+        return out.sum()
+
+    result = lr_range_test(ParametersOnMeta(), loader, lambda p: torch.optim.SGD(p, lr=0.0), steps=6,
+                           loss_fn=loss_fn)
+    assert len(result.lrs) == 6
