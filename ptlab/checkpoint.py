@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     """torch.save to a temporary file beside `path`, flushed to disk, then renamed over `path`.
 
     A crash (or a kill) during the write leaves the previous file at `path` untouched: the rename is
-    the only step that changes it, and a rename within one folder is atomic.
+    the only step that changes it, and a rename within one folder is atomic. The temporary file such
+    a writer leaves, `.<name>.<pid>.tmp`, is removed by the next save to `path` once no process `pid`
+    runs (POSIX; on Windows it stays: there this code cannot safely ask whether a process runs).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +72,33 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
             os.fsync(folder)
         finally:
             os.close(folder)
+    _remove_stale_temporaries(path)
     return path
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove atomic_save's temporary files of `path` whose writer no longer runs (one killed mid-save)."""
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(\d{1,9})\.tmp")
+    for candidate in path.parent.iterdir():
+        match = pattern.fullmatch(candidate.name)
+        if match and not _running(int(match.group(1))):
+            try:
+                candidate.unlink()
+            except OSError:  # removed meanwhile by another save, or not ours to remove
+                pass
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists on this machine; True where that cannot be asked safely (not POSIX)."""
+    if os.name != "posix":
+        return True  # on Windows os.kill(pid, 0) sends Ctrl+C: keep the file rather than risk a live write
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: it only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        pass
+    return True
 
 
 @dataclass

@@ -3,7 +3,9 @@
 "Record every experiment" made small: `log_run(...)` after each run, `load_runs()` to read them back,
 `compare_runs(...)` for a table sorted by any metric (the config keys that differ between runs become
 columns), and `plot_runs(...)` to overlay their curves. One line per run, appended and flushed, so a
-crash loses at most the run that was being written, never the earlier ones.
+crash loses at most the run that was being written, never the earlier ones nor the later ones: the next
+record starts on a new line, and load_runs skips an unreadable line (cut JSON, cut UTF-8) with one
+warning that names it and counts the skipped lines.
 """
 from __future__ import annotations
 
@@ -72,32 +74,41 @@ def log_run(config: dict[str, Any], metrics: dict[str, float], *, history: Any =
               metrics=_plain(metrics, "metrics"), curves=_curves(history),
               checkpoint=Path(checkpoint).as_posix() if checkpoint is not None else None,
               time=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    line = json.dumps(run.__dict__, ensure_ascii=False)
-    with open(log, "a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    line = json.dumps(run.__dict__, ensure_ascii=False) + "\n"
+    with open(log, "a+b") as handle:  # writes go to the end whatever the position; "+" lets us read the end
+        if handle.seek(0, os.SEEK_END) > 0:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                line = "\n" + line  # a crash cut the last line short: this record must not continue it
+        handle.write(line.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
     return run
 
 
 def load_runs(runs_dir: str | Path = "runs") -> list[Run]:
-    """Every run in runs/runs.jsonl, oldest first; a line cut short by a crash is skipped with a warning."""
+    """Every run in runs/runs.jsonl, oldest first; unreadable lines (cut by a crash) are skipped with one warning."""
     log = Path(runs_dir) / LOG_NAME
     if not log.exists():
         raise FileNotFoundError(f"no run log at {log}: log_run(...) creates it")
-    runs = []
-    for number, line in enumerate(log.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
+    runs, bad = [], []
+    for number, raw in enumerate(log.read_bytes().split(b"\n"), start=1):  # only "\n" ends a record
+        if not raw.strip():
             continue
         try:
-            runs.append(Run(**json.loads(line)))
-        except (json.JSONDecodeError, TypeError) as err:
-            warnings.warn(f"{log}:{number} is not a complete run record ({err}); skipped", stacklevel=2)
+            runs.append(Run(**json.loads(raw.decode("utf-8"))))
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
+            bad.append((number, err))
+    if bad:
+        (number, err), others = bad[0], [n for n, _ in bad[1:]]
+        more = f", nor are lines {others}" if others else ""
+        warnings.warn(f"{log}:{number} is not a complete run record ({err}){more}; skipped {len(bad)} unreadable "
+                      f"line{'s' * (len(bad) > 1)}, read {len(runs)} runs", stacklevel=2)
     return runs
 
 
 class RunTable:
-    """Runs side by side: name, the config keys that differ, and the metrics; sorted by one metric."""
+    """Runs side by side: name, the config keys that differ, and the metrics; sorted by one metric or config key."""
 
     def __init__(self, runs: list[Run], sort_by: str | None = None, descending: bool = True):
         self.runs = list(runs)
@@ -107,9 +118,11 @@ class RunTable:
         if sort_by is not None:
             if sort_by not in self.metric_keys and sort_by not in keys:
                 raise KeyError(f"cannot sort by {sort_by!r}: metrics are {self.metric_keys}, config keys {keys}")
-            def key(r: Run):
+            def key(r: Run):  # finite numbers in the order asked for, then other values by their text, then none
                 value = r.metrics.get(sort_by, r.config.get(sort_by))
-                return (value is None, -value if descending and isinstance(value, (int, float)) else value)
+                if isinstance(value, int) or isinstance(value, float) and math.isfinite(value):
+                    return (0, -value if descending else value, "")
+                return (2 if value is None else 1, 0, str(value))  # "nan", "inf" and strings, then missing
             self.runs.sort(key=key)
 
     def rows(self) -> list[list[str]]:
@@ -136,7 +149,7 @@ class RunTable:
 
 def compare_runs(runs: list[Run] | str | Path = "runs", sort_by: str | None = None,
                  descending: bool = True) -> RunTable:
-    """A table of runs (a list, or the runs folder), sorted by a metric or config key."""
+    """A table of runs (a list, or the runs folder), sorted by a metric or config key (not-finite values last)."""
     if not isinstance(runs, list):
         runs = load_runs(runs)
     return RunTable(runs, sort_by=sort_by, descending=descending)

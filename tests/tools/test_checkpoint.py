@@ -156,3 +156,34 @@ def test_a_wrapped_model_saves_and_loads_the_plain_keys(tmp_path):
     load_checkpoint(tmp_path / "wrapped.pt", nn.DataParallel(target), restore_random=False)
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
     load_checkpoint(tmp_path / "wrapped.pt", nn.Linear(3, 2), restore_random=False)  # and into a plain model
+
+
+def test_the_next_save_removes_the_temporary_file_a_killed_writer_left(tmp_path):
+    path = tmp_path / "last.pt"
+    atomic_save({"epoch": 1}, path)
+    atomic_save({"epoch": 1}, tmp_path / "best.pt")
+    killed = textwrap.dedent(f'''
+        import os, signal, torch
+        def save_then_die(obj, handle):  # the kill lands halfway through torch.save
+            handle.write(b"half a checkpoint"); handle.flush(); os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = save_then_die
+        from ptlab.checkpoint import atomic_save
+        atomic_save({{"epoch": 2}}, {str(path)!r})
+    ''')
+    assert subprocess.run([sys.executable, "-c", killed], cwd=ROOT, timeout=60).returncode == -signal.SIGKILL
+    (stale,) = tmp_path.glob(".last.pt.*.tmp")
+    dead = stale.name.split(".")[3]
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a writer still at work
+    try:
+        others = [tmp_path / f".last.pt.{live.pid}.tmp", tmp_path / f".best.pt.{dead}.tmp",  # another target's
+                  tmp_path / f".last.pt.{dead}.tmp.bak", tmp_path / ".last.pt.x.tmp"]
+        for other in others:
+            other.write_bytes(b"not ours to remove")
+        atomic_save({"epoch": 3}, path)
+    finally:
+        live.kill()
+        live.wait()
+    assert not stale.exists(), "the killed writer's temporary file outlived the next save"
+    assert all(other.exists() for other in others), "only a dead writer's temporary file of this target goes"
+    assert torch.load(path, weights_only=True) == {"epoch": 3}
+    assert torch.load(tmp_path / "best.pt", weights_only=True) == {"epoch": 1}

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from ptlab.experiments import compare_runs, load_runs, log_run, plot_runs
+from ptlab.experiments import Run, compare_runs, load_runs, log_run, plot_runs
 
 
 def test_runs_are_appended_and_read_back(tmp_path):
@@ -57,3 +57,44 @@ def test_curves_overlay(tmp_path):
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["run-001", "run-002"]
     with pytest.raises(KeyError, match="curves logged: \\['val_loss'\\]"):
         plot_runs(tmp_path, curve="train_acc")
+
+
+def test_a_run_logged_after_a_cut_line_starts_on_its_own_line(tmp_path):
+    log_run({"lr": 1}, {"acc": 0.5}, runs_dir=tmp_path)
+    with open(tmp_path / "runs.jsonl", "a") as handle:
+        handle.write('{"name": "run-002", "config": {"lr"')  # the crash: no newline at the end
+    with pytest.warns(UserWarning, match="runs.jsonl:2 is not a complete run record"):
+        log_run({"lr": 2}, {"acc": 0.6}, runs_dir=tmp_path)
+        log_run({"lr": 3}, {"acc": 0.7}, runs_dir=tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        runs = load_runs(tmp_path)
+    assert [r.config["lr"] for r in runs] == [1, 2, 3], "the cut line swallowed the run logged after it"
+    message = str(caught[0].message)
+    assert len(caught) == 1 and "runs.jsonl:2 is not a complete run record" in message, "one warning per load"
+    assert message.endswith("skipped 1 unreadable line, read 3 runs")
+
+
+def test_a_line_cut_inside_a_utf8_character_loses_only_that_line(tmp_path):
+    log_run({"model": "résnet"}, {"acc": 0.5}, runs_dir=tmp_path)
+    cut = '{"name": "run-002", "config": {"model": "résnet'.encode("utf-8")[:-5]  # inside é's two bytes
+    with open(tmp_path / "runs.jsonl", "ab") as handle:
+        handle.write(cut)
+    with pytest.warns(UserWarning, match="runs.jsonl:2 is not a complete run record.*utf-8"):
+        log_run({"model": "vït"}, {"acc": 0.6}, runs_dir=tmp_path)
+        log_run({"model": "a\x85b"}, {"acc": 0.7}, runs_dir=tmp_path)  # NEL: a line break to str.splitlines
+    with pytest.warns(UserWarning, match="runs.jsonl:2 is not a complete run record"):
+        assert [r.config["model"] for r in load_runs(tmp_path)] == ["résnet", "vït", "a\x85b"]
+
+
+def test_a_diverged_run_sorts_last_instead_of_breaking_the_table(tmp_path):
+    log_run({"lr": 0.1}, {"val_acc": 0.70}, runs_dir=tmp_path)
+    log_run({"lr": 10.0}, {"val_acc": float("nan")}, runs_dir=tmp_path)  # stored as the string "nan"
+    log_run({"lr": 0.01}, {"val_acc": 0.90}, runs_dir=tmp_path)
+    log_run({"lr": 1.0}, {"val_loss": 2.3}, runs_dir=tmp_path)  # no val_acc at all
+    for descending, order in ((True, ["run-003", "run-001", "run-002", "run-004"]),
+                              (False, ["run-001", "run-003", "run-002", "run-004"])):
+        table = compare_runs(tmp_path, sort_by="val_acc", descending=descending)
+        assert [row[0] for row in table.rows()[1:]] == order, "finite numbers sorted, then nan, then missing"
+    runs = load_runs(tmp_path) + [Run("hand-made", {"lr": 5.0}, {"val_acc": float("inf")})]  # a float inf
+    names = [r.name for r in compare_runs(runs, sort_by="val_acc").runs]
+    assert names[:2] == ["run-003", "run-001"] and names[-1] == "run-004", "inf is not a best accuracy"
