@@ -9,6 +9,7 @@ import pytest
 from ptlab import distributed as d
 from ptlab.distributed import run_ranks
 
+import rank_workers
 from notebook_rules import ROOT
 
 
@@ -162,3 +163,45 @@ def test_measure_scaling_times_both_sides():
     for side in (result.one, result.many):
         assert {"step", "step cpu", "compute", "allreduce", "gradient MB"} <= set(side) and side["step"] > 0
     assert result.cpu_ratio > 0.5 and result.estimate(8) > 1
+
+
+def test_a_rank_killed_by_sigkill_is_a_failure_with_the_signal_named():
+    run = run_ranks(rank_workers.killed_on_rank, rank=1, timeout_s=120)
+    assert not run.ok and not run.timed_out and run.failed_rank == 1
+    assert run.error == "killed by signal 9 (SIGKILL): often the out-of-memory killer"
+
+
+def test_a_return_value_that_cannot_be_pickled_is_named_with_its_type_and_error():
+    run = run_ranks(rank_workers.unpicklable_on_rank, rank=1, timeout_s=120)
+    assert not run.ok and run.failed_rank == 1 and list(run.errors) == [1]
+    assert run.error == ("the return value of rank 1 could not be pickled (_thread.lock): "
+                         "TypeError: cannot pickle '_thread.lock' object")
+
+
+def test_a_reader_never_sees_part_of_an_error_file_while_a_rank_writes_it(tmp_path):
+    import json
+    import threading
+
+    message = "RuntimeError: " + "x" * 200_000            # a long line: writing it takes more than one moment
+    path, partial, reads = tmp_path / "rank0.error", [], 0
+
+    def write() -> None:
+        for _ in range(30):
+            d._write_error(str(tmp_path), 0, message)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while writer.is_alive():
+        if path.exists():
+            text = path.read_text()
+            reads += 1
+            try:
+                json.loads(text)
+            except ValueError:
+                partial.append(len(text))
+    writer.join()
+    assert reads > 0 and not partial, f"{len(partial)} of {reads} reads saw a partial file"
+    assert d._read_error(path)[1] == message
+    assert d._read_error(tmp_path / "rank1.error") is None
+    (tmp_path / "cut.error").write_text('{"time": 1.0, "li')      # cut short: no error line, no crash
+    assert d._read_error(tmp_path / "cut.error") is None
