@@ -103,3 +103,23 @@ def test_dynamic_export_exercise_needs_both_dims():
     assert check("ch8-dynamic-export", both) == "correct"
     assert check("ch8-dynamic-export", batch_only) == "wrong"
     assert check("ch8-dynamic-export", lambda m, x: m) == "wrong"          # not an ExportedProgram
+
+
+def test_onnx_export_of_a_sequential_takes_the_input_name_from_its_forward(tmp_path):
+    torch.manual_seed(0)
+    sequential = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).eval()   # forward(self, input)
+    export_onnx(sequential, torch.randn(2, 8), tmp_path / "s.onnx", {0: "batch"})
+    session = onnx_session(tmp_path / "s.onnx")
+    assert onnx_input_shapes(session) == {"input": ["batch", 8]}
+    assert max(max_abs_diffs(sequential, lambda t: run_onnx(session, t), [(1, 8), (7, 8)]).values()) <= 1e-5
+
+
+class _Images(nn.Module):
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images.flatten(1).sum(1, keepdim=True)
+
+
+def test_onnx_export_of_a_model_whose_argument_is_not_x(tmp_path):
+    export_onnx(_Images().eval(), torch.randn(2, 3, 4, 4), tmp_path / "i.onnx", {0: "batch"})
+    assert onnx_input_shapes(onnx_session(tmp_path / "i.onnx")) == {"images": ["batch", 3, 4, 4]}
+
