@@ -123,3 +123,29 @@ def test_onnx_export_of_a_model_whose_argument_is_not_x(tmp_path):
     export_onnx(_Images().eval(), torch.randn(2, 3, 4, 4), tmp_path / "i.onnx", {0: "batch"})
     assert onnx_input_shapes(onnx_session(tmp_path / "i.onnx")) == {"images": ["batch", 3, 4, 4]}
 
+
+def test_onnx_export_lets_the_train_mode_warning_reach_the_caller(tmp_path):
+    train_mode = SoftmaxOverSequence().train()
+    with pytest.warns(UserWarning, match="Exporting a model while it is in training mode"):
+        export_onnx(train_mode, torch.randn(2, 10, 8), tmp_path / "t.onnx", {0: "batch"})
+
+
+class _Warns(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import warnings
+
+        warnings.warn("my own warning from forward", UserWarning)
+        warnings.warn("# The axis name: seq will not be used, since it shares the same shape constraints with "
+                      "another axis: batch.", UserWarning)          # the exporter's note on dim names
+        return x * 2
+
+
+def test_onnx_export_hides_only_the_exporters_notes(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(_Warns().eval(), torch.randn(2, 3), tmp_path / "w.onnx", {0: "batch"})
+    messages = [str(w.message) for w in caught]
+    assert "my own warning from forward" in messages
+    assert not any("will not be used" in m for m in messages)
