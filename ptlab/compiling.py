@@ -206,32 +206,32 @@ def _fresh_copy(fn: Callable) -> Callable:
 
 @dataclass(frozen=True)
 class CompileCount:
-    """How many graphs Dynamo compiled over a sequence of calls (recompiles = graphs - 1)."""
+    """Graphs Dynamo compiled over a sequence of calls, and how many of them were recompiles."""
 
-    graphs: int
+    graphs: int            # every graph compiled: a graph break splits a function into two
     seconds: float
-
-    @property
-    def recompiles(self) -> int:
-        return max(self.graphs - 1, 0)
+    recompiles: int = 0    # graphs compiled again for code compiled before: its guards failed on a new input
 
 
 def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
                    fullgraph: bool = False, mark_dynamic_dims: dict[int, int] | None = None) -> CompileCount:
-    """Compile a plain function with a counting backend, call it on each args tuple, count the graphs.
+    """Compile a plain function with a counting backend, call it on each args tuple, count graphs and recompiles.
 
     The backend runs each captured graph as it is (no Inductor), so counting costs tracing only.
     `mark_dynamic_dims={arg_index: dim}` calls torch._dynamo.mark_dynamic on that argument of the first call.
     """
+    from torch._guards import CompileContext
+
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"count_compiles takes a plain Python function, got {type(fn).__name__}")
     calls = [tuple(c) for c in calls]
     if not calls:
         raise ValueError("count_compiles needs at least one call (a tuple of arguments)")
-    graphs: list[int] = []
+    compiles: list[int] = []   # per graph: how many times Dynamo had compiled its code (frame) before
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs):
-        graphs.append(len(gm.graph.nodes))
+        compile_id = CompileContext.current_compile_id()
+        compiles.append(compile_id.frame_compile_id if compile_id is not None else 0)
         return gm.forward
 
     compiled = torch.compile(_fresh_copy(fn), backend=counting_backend, dynamic=dynamic, fullgraph=fullgraph)
@@ -241,7 +241,7 @@ def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None
     with quiet_compile_logs():
         for args in calls:
             compiled(*args)
-    return CompileCount(len(graphs), time.perf_counter() - start)
+    return CompileCount(len(compiles), time.perf_counter() - start, sum(1 for n in compiles if n > 0))
 
 
 # Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).

@@ -134,6 +134,29 @@ def _check_importable(fn: Callable) -> None:
                          "file), not in a notebook or inside another function")
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write data to a temporary file beside path, then rename it over path: a reader sees all of it or nothing."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
+
+
+def _write_error(folder: str, rank: int, message: str) -> None:
+    """Record a rank's error as rank<N>.error: the time and the message's first line, cleaned."""
+    line = clean_error(message.splitlines()[0])
+    _write_atomically(Path(folder, f"rank{rank}.error"), json.dumps({"time": time.time(), "line": line}).encode())
+
+
+def _read_error(path: Path) -> tuple[float, str] | None:
+    """(time, line) from a rank's error file; None if there is none or it is not a whole one."""
+    try:
+        info = json.loads(path.read_text())
+        return float(info["time"]), str(info["line"])
+    except (OSError, ValueError):   # none, or not whole (JSONDecodeError): the exit code speaks instead
+        return None
+
+
 def _rank_main(local_rank: int, world_size: int, port: int, fn: Callable, kwargs: dict, folder: str,
                threads: int, collective_timeout_s: float, rendezvous_timeout_s: float) -> None:
     """Entry point of each rank: its own output file, one process group, fn(**kwargs), the result to a file."""
@@ -153,15 +176,20 @@ def _rank_main(local_rank: int, world_size: int, port: int, fn: Callable, kwargs
         dist.barrier()  # all connected: a rank done at once must not close its sockets under a peer still connecting
         result = fn(**kwargs)
     except BaseException as err:
-        line = clean_error(f"{type(err).__name__}: {err}".splitlines()[0])
-        Path(folder, f"rank{local_rank}.error").write_text(json.dumps({"time": time.time(), "line": line}))
+        _write_error(folder, local_rank, f"{type(err).__name__}: {err}")
         raise
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    with open(Path(folder, f".rank{local_rank}.tmp"), "wb") as handle:
-        pickle.dump(result, handle)
-    os.replace(Path(folder, f".rank{local_rank}.tmp"), Path(folder, f"rank{local_rank}.pkl"))
+    try:
+        payload = pickle.dumps(result)
+    except Exception as err:       # a lock, a generator, a local function...: say so, not just "exit code 1"
+        kind = type(result)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        _write_error(folder, local_rank, f"the return value of rank {local_rank} could not be pickled ({name}): "
+                                         f"{type(err).__name__}: {err}")
+        raise
+    _write_atomically(Path(folder, f"rank{local_rank}.pkl"), payload)
     dist.destroy_process_group()
 
 
@@ -169,7 +197,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float =
               collective_timeout_s: float = 30.0, start_method: str = "forkserver", **kwargs: Any) -> RankRun:
     """Start `world_size` processes in one gloo group, run fn(**kwargs) in each, return their results in rank order.
 
-    The first rank that raises ends the job: the others are stopped and `errors` names the root cause.
+    The first rank that raises ends the job: the others are stopped and `errors` names the root cause. A rank
+    killed by a signal (SIGKILL: often the out-of-memory killer) or whose return value cannot be pickled fails too.
     After `timeout_s` every rank is stopped and `timed_out` is True. `collective_timeout_s` is the process
     group's own timeout (how long a collective waits for a peer; joining the group may take up to timeout_s).
     "forkserver" (Python 3.14's default on Linux) forks each rank from a server that imported torch once;
@@ -225,6 +254,7 @@ def _launch(fn: Callable, kwargs: dict, world_size: int, threads: int, collectiv
                 break
             wait([p.sentinel for p in procs if p.exitcode is None], timeout=min(left, 1.0))
         seconds = time.perf_counter() - start
+        running = {rank for rank, proc in enumerate(procs) if proc.exitcode is None}   # what _stop ends
         _stop(procs)
         results, outputs, failures = [], [], []
         for rank, proc in enumerate(procs):
@@ -232,14 +262,23 @@ def _launch(fn: Callable, kwargs: dict, world_size: int, threads: int, collectiv
             results.append(pickle.loads(base.with_suffix(".pkl").read_bytes())
                            if base.with_suffix(".pkl").exists() else None)
             outputs.append(base.with_suffix(".log").read_text() if base.with_suffix(".log").exists() else "")
-            if base.with_suffix(".error").exists():
-                info = json.loads(base.with_suffix(".error").read_text())
-                failures.append((info["time"], rank, info["line"]))
-            elif proc.exitcode not in (0, None, -signal.SIGTERM, -signal.SIGKILL):
-                line = last_error_line(launch_log.read_text()) or f"exited with code {proc.exitcode}"
-                failures.append((0.0, rank, line))   # died before or outside Python's error handling
+            error = _read_error(base.with_suffix(".error"))
+            stopped = rank in running and proc.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+            if error is not None:
+                failures.append((error[0], rank, error[1]))
+            elif proc.exitcode not in (0, None) and not stopped:   # died before or outside Python's error handling
+                failures.append((0.0, rank, _exit_line(proc.exitcode, launch_log)))
         errors = {rank: line for _, rank, line in sorted(failures)}
     return RankRun(world_size, results, outputs, seconds, errors, timed_out)
+
+
+def _exit_line(exitcode: int, launch_log: Path) -> str:
+    """Why a rank that wrote no error line ended: the signal that killed it, or its exit code."""
+    if exitcode == -signal.SIGKILL:
+        return "killed by signal 9 (SIGKILL): often the out-of-memory killer"
+    if exitcode == -signal.SIGTERM:
+        return "killed by signal 15 (SIGTERM)"
+    return last_error_line(launch_log.read_text()) or f"exited with code {exitcode}"
 
 
 def _stop(procs: list) -> None:

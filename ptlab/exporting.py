@@ -48,14 +48,20 @@ def save_and_load_pt2(program: torch.export.ExportedProgram, directory: str | os
     return torch.export.load(path), path.stat().st_size
 
 
+# The exporter's note that two dims it found equal share one name in the ONNX file: noise in a notebook.
+_EXPORTER_NOTES = (r"# The axis name: .* will not be used, since it shares the same shape constraints",)
+
+
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, dims: dict[int, str]) -> int:
-    """Export with the default (dynamo) ONNX exporter, the named dims of `x` dynamic; returns the file size."""
+    """Export with the default (dynamo) ONNX exporter, the named dims of the input dynamic; returns the file size."""
     if not str(path).endswith(".onnx"):
         raise ValueError(f"an ONNX file is named *.onnx, got {str(path)!r}")
+    # By position, not by name: the ONNX input keeps forward's argument name (`input` for an nn.Sequential).
+    dynamic_shapes = tuple(dynamic_shapes_for(dims).values()) if dims else None
     with quiet_compile_logs(), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)   # onnxscript notes on the optimizer's choices
-        program = torch.onnx.export(model, (example,), dynamic_shapes=dynamic_shapes_for(dims) if dims else None,
-                                    verbose=False)
+        for note in _EXPORTER_NOTES:   # only these: a train-mode export or your model's own warnings get through
+            warnings.filterwarnings("ignore", message=note, category=UserWarning)
+        program = torch.onnx.export(model, (example,), dynamic_shapes=dynamic_shapes, verbose=False)
     program.save(str(path))
     return Path(path).stat().st_size
 

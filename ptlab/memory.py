@@ -3,8 +3,9 @@
 `memory_breakdown(model, optimizer, batch)` measures each part for one training step on a copy of
 the model (yours is not trained): parameters and gradients by their tensors, the optimizer's state
 after one step (AdamW keeps two tensors per parameter, SGD with momentum one), and the activations
-autograd saves for backward, counted by a saved-tensor hook. Byte counts follow from shapes and
-dtypes, so they are exact facts, the same on every machine.
+autograd saves for backward, counted by a saved-tensor hook. The input batch counts the bytes its
+tensors cover; a batch sliced from a larger tensor keeps all of it alive, reported apart. Byte counts
+follow from shapes and dtypes, so they are exact facts, the same on every machine.
 """
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ def tensor_bytes(tensors) -> int:
     return sum(key[-1] for key in seen)
 
 
+def _covered_bytes(tensors) -> int:
+    """Bytes the tensors' elements span in memory, each distinct view counted once (a slice: its rows only)."""
+    spans = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))   # elements
+            spans[(t.device.type, t.data_ptr(), span)] = span * t.element_size()
+    return sum(spans.values())
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes of each part of one training step's memory."""
@@ -34,7 +45,8 @@ class MemoryBreakdown:
     gradients: int
     optimizer_state: int
     activations: int
-    batch: int
+    batch: int                 # the bytes the batch's tensors cover
+    batch_storage: int = 0     # the bytes of the storages they keep alive: more than `batch` for a slice of a data set
 
     @property
     def total(self) -> int:
@@ -44,7 +56,13 @@ class MemoryBreakdown:
         rows = [("parameters", self.parameters), ("gradients", self.gradients),
                 ("optimizer state", self.optimizer_state), ("saved activations", self.activations),
                 ("input batch", self.batch), ("total", self.total)]
-        return "\n".join(f"{name:<18}{n / MiB:>9.2f} MiB  ({n:,} bytes)" for name, n in rows)
+        lines = [f"{name:<18}{n / MiB:>9.2f} MiB  ({n:,} bytes)" for name, n in rows]
+        if self.batch_storage > self.batch:
+            extra = self.batch_storage - self.batch
+            lines.append(f"the input batch is a view: it keeps {self.batch_storage / MiB:.2f} MiB "
+                         f"({self.batch_storage:,} bytes) of storage alive, {extra / MiB:.2f} MiB more than it covers "
+                         "(not in the total)")
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         return str(self)
@@ -70,7 +88,7 @@ def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, batch: 
     state = [t for s in twin_optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     return MemoryBreakdown(parameters=tensor_bytes(params), gradients=gradients,
                            optimizer_state=tensor_bytes(state), activations=activations,
-                           batch=tensor_bytes([X, y]))
+                           batch=_covered_bytes([X, y]), batch_storage=tensor_bytes([X, y]))
 
 
 def storage_key(t: torch.Tensor) -> tuple[str, int, int]:

@@ -20,6 +20,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ptlab.claims import measured
 
 DATA, COMPUTE = "data", "compute"
+LOADER_KEEPS_UP_SHARE = 0.10   # waiting for data less than this share of the step: the loader keeps up
+INPUT_BOUND_SHARE = 0.5        # more than this: the step is input-bound
 
 
 @dataclass
@@ -41,16 +43,24 @@ class ProfileReport:
 
     @property
     def verdict(self) -> str:
-        """Input-bound or compute-bound, with what to try next; or why there is no verdict."""
+        """Where the step's time goes and what faster data loading could save at most; or why there is no verdict."""
         share = self.data_share
         if share is None:
             return "no verdict: profile a step with both a 'data' and a 'compute' range (profile_training does)"
 
-        if share > 0.5:
-            return (f"input-bound: {measured(share * 100, 3)}% of the step waits for data. Try more DataLoader "
-                    "workers, cheaper transforms, or data prepared once and cached")
-        return (f"compute-bound: {measured(share * 100, 3)}% of the step waits for data. Faster data will not help; "
-                "a smaller model, mixed precision (chapter 6) or torch.compile (chapter 8) may")
+        percent = measured(share * 100, 3)
+        # Amdahl: loading in no time at all removes the waiting and nothing else, so it saves at most `share`.
+        speedup = f" (at most {measured(1 / (1 - share), 3)}x faster)" if share < 1 else ""
+        most = f"save up to {percent}% of the time{speedup}"
+        if share > INPUT_BOUND_SHARE:
+            return (f"input-bound: {percent}% of the step waits for data. Faster loading would {most}: try more "
+                    "DataLoader workers, cheaper transforms, or data prepared once and cached")
+        if share >= LOADER_KEEPS_UP_SHARE:
+            return (f"compute-bound, but data loading costs {percent}% of the step: faster loading (more DataLoader "
+                    f"workers, cheaper transforms, cached data) would {most}; the other "
+                    f"{measured(100 - share * 100, 3)}% is compute")
+        return (f"compute-bound: {percent}% of the step waits for data: the loader keeps up, and faster loading would "
+                f"save at most {percent}%. A smaller model, mixed precision or torch.compile may speed up the rest")
 
     def __str__(self) -> str:
 

@@ -123,6 +123,17 @@ def test_count_compiles_by_dynamic_setting_and_repeatable():
     assert count_compiles(f, calls, dynamic=False).recompiles == 4
 
 
+def test_count_compiles_tells_a_graph_break_from_a_recompile():
+    def with_break(x):
+        y = torch.relu(x)
+        print("a graph break")
+        return y.sum(1)
+
+    one_shape = count_compiles(with_break, [(torch.randn(3, 4),), (torch.randn(3, 4),)], dynamic=False)
+    assert (one_shape.graphs, one_shape.recompiles) == (2, 0)          # two graphs around the break, compiled once
+    two_shapes = count_compiles(with_break, [(torch.randn(3, 4),), (torch.randn(5, 4),)], dynamic=False)
+    assert (two_shapes.graphs, two_shapes.recompiles) == (4, 2)        # the new shape fails both graphs' guards
+
 def test_count_compiles_rejects_bad_input():
     with pytest.raises(TypeError, match="plain Python function"):
         count_compiles(nn.Linear(2, 2), [(torch.randn(1, 2),)])

@@ -5,10 +5,14 @@ import sys
 import textwrap
 
 import pytest
+import rank_workers
 from notebook_rules import ROOT
 
 from ptlab import distributed as d
+from ptlab.course import notebook_text
 from ptlab.distributed import run_ranks
+from ptlab.lessons.ch07_ddp import rank_functions as rf
+from ptlab.lessons.ch07_ddp import scaling
 
 
 def test_free_port_can_be_bound():
@@ -19,25 +23,25 @@ def test_free_port_can_be_bound():
 
 
 def test_two_ranks_report_in_rank_order():
-    run = run_ranks(d.describe_rank, 2, timeout_s=120)
+    run = run_ranks(rf.describe_rank, 2, timeout_s=120)
     assert run.ok and run.error is None and run.failed_rank is None
     assert [r["rank"] for r in run.results] == [0, 1]
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["threads"] == 1 for r in run.results)
 
 
 def test_ddp_keeps_parameters_identical_and_plain_training_does_not():
-    with_ddp = run_ranks(d.train_and_gather_checksums, steps=5, timeout_s=120)
-    alone = run_ranks(d.train_and_gather_checksums, steps=5, wrap=False, timeout_s=120)
+    with_ddp = run_ranks(rf.train_and_gather_checksums, steps=5, timeout_s=120)
+    alone = run_ranks(rf.train_and_gather_checksums, steps=5, wrap=False, timeout_s=120)
     assert with_ddp.results[0] == with_ddp.results[1]              # every rank gathered every rank's checksum
     assert len({digest for _, digest in with_ddp.results[0]}) == 1
     assert len({digest for _, digest in alone.results[0]}) == 2
 
 
 def test_sampler_pads_by_default_and_trims_with_drop_last():
-    shards = run_ranks(d.sampler_shards, n=11, timeout_s=120).results
+    shards = run_ranks(rf.sampler_shards, n=11, timeout_s=120).results
     assert [s["padded"][0] for s in shards] == [[0, 2, 4, 6, 8, 10], [1, 3, 5, 7, 9, 0]]
     assert [s["drop_last"][0] for s in shards] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
-    shuffled = run_ranks(d.sampler_shards, n=12, shuffle=True, epochs=2, timeout_s=120).results
+    shuffled = run_ranks(rf.sampler_shards, n=12, shuffle=True, epochs=2, timeout_s=120).results
     for epoch in range(2):
         parts = [s["padded"][epoch] for s in shuffled]
         assert sorted(parts[0] + parts[1]) == list(range(12))       # disjoint and complete
@@ -45,14 +49,14 @@ def test_sampler_pads_by_default_and_trims_with_drop_last():
 
 
 def test_half_batches_on_two_ranks_equal_one_process_without_batchnorm():
-    plain = run_ranks(d.split_batch_vs_one_process, global_batch=16, steps=3, timeout_s=120).results
-    with_bn = run_ranks(d.split_batch_vs_one_process, global_batch=16, steps=3, batchnorm=True, timeout_s=120).results
+    plain = run_ranks(rf.split_batch_vs_one_process, global_batch=16, steps=3, timeout_s=120).results
+    with_bn = run_ranks(rf.split_batch_vs_one_process, global_batch=16, steps=3, batchnorm=True, timeout_s=120).results
     assert plain[1] is None and plain[0] < 1e-5
     assert with_bn[0] > 1e-3
 
 
 def test_rank_zero_saves_plain_keys_and_the_others_read_after_the_barrier(tmp_path):
-    run = run_ranks(d.save_on_rank_zero, folder=str(tmp_path), timeout_s=120)
+    run = run_ranks(rf.save_on_rank_zero, folder=str(tmp_path), timeout_s=120)
     assert run.ok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt", "train.log"]
     assert (tmp_path / "train.log").read_text().splitlines() == ["saved model.pt"]
@@ -60,22 +64,22 @@ def test_rank_zero_saves_plain_keys_and_the_others_read_after_the_barrier(tmp_pa
 
 
 def test_a_failing_rank_ends_the_job_with_its_error_before_the_collective_timeout():
-    run = run_ranks(d.fail_on_rank, fail_rank=1, fail_at_step=2, collective_timeout_s=60.0, timeout_s=120)
+    run = run_ranks(rf.fail_on_rank, fail_rank=1, fail_at_step=2, collective_timeout_s=60.0, timeout_s=120)
     assert not run.ok and not run.timed_out
     assert run.failed_rank == 1 and run.error == "ValueError: rank 1: corrupt batch at step 2"
     assert run.seconds < 30, f"the job waited {run.seconds:.1f} s: it should end when rank 1 fails, not time out"
 
 
 def test_a_rank_that_never_arrives_is_stopped_at_the_timeout():
-    run = run_ranks(d.extra_forward_on_rank_zero, batchnorm=True, collective_timeout_s=600.0, timeout_s=6.0)
+    run = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=True, collective_timeout_s=600.0, timeout_s=6.0)
     assert run.timed_out and run.error == "timed out" and run.results == [None, None]
     assert 6.0 <= run.seconds < 30
 
 
 def test_extra_forward_on_one_rank_is_harmless_without_buffers_and_aborts_under_no_grad_with_them():
-    ok = run_ranks(d.extra_forward_on_rank_zero, batchnorm=False, collective_timeout_s=5.0, timeout_s=120)
+    ok = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=False, collective_timeout_s=5.0, timeout_s=120)
     assert ok.ok and ok.results == [4, 4]
-    aborted = run_ranks(d.extra_forward_on_rank_zero, batchnorm=True, grad=False, collective_timeout_s=5.0,
+    aborted = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=True, grad=False, collective_timeout_s=5.0,
                         timeout_s=120)
     assert aborted.errors.get(1) == "exited with code -6"
     assert "collective mismatch" in aborted.outputs[1]
@@ -88,11 +92,11 @@ def test_run_ranks_rejects_bad_arguments():
     with pytest.raises(ValueError, match="cannot be imported by name"):
         run_ranks(local)
     with pytest.raises(ValueError, match="world_size"):
-        run_ranks(d.describe_rank, 0)
+        run_ranks(rf.describe_rank, 0)
     with pytest.raises(ValueError, match="start_method"):
-        run_ranks(d.describe_rank, start_method="fork")
+        run_ranks(rf.describe_rank, start_method="fork")
     with pytest.raises(ValueError, match="timeout_s"):
-        run_ranks(d.describe_rank, timeout_s=0)
+        run_ranks(rf.describe_rank, timeout_s=0)
     with pytest.raises(TypeError, match="function"):
         run_ranks("describe_rank")
 
@@ -134,19 +138,19 @@ def test_clean_error_removes_machine_specific_parts():
 
 def test_commands_and_masking():
     command = d.torchrun_command(["-m", "ptlab", "train"], 2)
-    text = d.shown_command(command)
+    text = notebook_text.shown_command(command)
     assert text.startswith("python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d "
                            "--rdzv-endpoint=127.0.0.1:PORT -m ptlab train")
     multi = d.multinode_command(nnodes=2, nproc=8, endpoint="node0:29500")
     for part in ("--nnodes=2", "--nproc-per-node=8", "--node-rank=", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500"):
         assert part in multi
-    assert d.mask_figures("loss 2.4461, epoch 1, acc 0.1250") == "loss ≈2.4461, epoch 1, acc ≈0.1250"
+    assert notebook_text.mask_figures("loss 2.4461, epoch 1, acc 0.1250") == "loss ≈2.4461, epoch 1, acc ≈0.1250"
     with pytest.raises(ValueError):
         d.torchrun_command(["x.py"], 0)
 
 
 def test_scaling_estimate_follows_the_ring_formula():
-    result = d.ScalingResult(one={"step": 1.0, "step cpu": 1.0}, many={"step": 0.5, "step cpu": 0.6, "compute": 0.4,
+    result = scaling.ScalingResult(one={"step": 1.0, "step cpu": 1.0}, many={"step": 0.5, "step cpu": 0.6, "compute": 0.4,
                              "allreduce": 0.1}, world_size=2, global_batch=64)
     assert result.speedup == pytest.approx(2.0) and result.cpu_ratio == pytest.approx(1.2)
     assert result.estimate(1) == pytest.approx(1.0)
@@ -157,7 +161,49 @@ def test_scaling_estimate_follows_the_ring_formula():
 
 
 def test_measure_scaling_times_both_sides():
-    result = d.measure_scaling(world_size=2, global_batch=16, steps=1, rounds=1)
+    result = scaling.measure_scaling(world_size=2, global_batch=16, steps=1, rounds=1)
     for side in (result.one, result.many):
         assert {"step", "step cpu", "compute", "allreduce", "gradient MB"} <= set(side) and side["step"] > 0
     assert result.cpu_ratio > 0.5 and result.estimate(8) > 1
+
+
+def test_a_rank_killed_by_sigkill_is_a_failure_with_the_signal_named():
+    run = run_ranks(rank_workers.killed_on_rank, rank=1, timeout_s=120)
+    assert not run.ok and not run.timed_out and run.failed_rank == 1
+    assert run.error == "killed by signal 9 (SIGKILL): often the out-of-memory killer"
+
+
+def test_a_return_value_that_cannot_be_pickled_is_named_with_its_type_and_error():
+    run = run_ranks(rank_workers.unpicklable_on_rank, rank=1, timeout_s=120)
+    assert not run.ok and run.failed_rank == 1 and list(run.errors) == [1]
+    assert run.error == ("the return value of rank 1 could not be pickled (_thread.lock): "
+                         "TypeError: cannot pickle '_thread.lock' object")
+
+
+def test_a_reader_never_sees_part_of_an_error_file_while_a_rank_writes_it(tmp_path):
+    import json
+    import threading
+
+    message = "RuntimeError: " + "x" * 200_000            # a long line: writing it takes more than one moment
+    path, partial, reads = tmp_path / "rank0.error", [], 0
+
+    def write() -> None:
+        for _ in range(30):
+            d._write_error(str(tmp_path), 0, message)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while writer.is_alive():
+        if path.exists():
+            text = path.read_text()
+            reads += 1
+            try:
+                json.loads(text)
+            except ValueError:
+                partial.append(len(text))
+    writer.join()
+    assert reads > 0 and not partial, f"{len(partial)} of {reads} reads saw a partial file"
+    assert d._read_error(path)[1] == message
+    assert d._read_error(tmp_path / "rank1.error") is None
+    (tmp_path / "cut.error").write_text('{"time": 1.0, "li')      # cut short: no error line, no crash
+    assert d._read_error(tmp_path / "cut.error") is None

@@ -104,3 +104,47 @@ def test_legacy_int8_shrinks_linear_weights_and_reports_the_deprecation():
         assert (quantized(x) - model(x)).abs().max().item() < 0.05
 
 
+def test_onnx_export_of_a_sequential_takes_the_input_name_from_its_forward(tmp_path):
+    torch.manual_seed(0)
+    sequential = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).eval()   # forward(self, input)
+    export_onnx(sequential, torch.randn(2, 8), tmp_path / "s.onnx", {0: "batch"})
+    session = onnx_session(tmp_path / "s.onnx")
+    assert onnx_input_shapes(session) == {"input": ["batch", 8]}
+    assert max(max_abs_diffs(sequential, lambda t: run_onnx(session, t), [(1, 8), (7, 8)]).values()) <= 1e-5
+
+
+class _Images(nn.Module):
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return images.flatten(1).sum(1, keepdim=True)
+
+
+def test_onnx_export_of_a_model_whose_argument_is_not_x(tmp_path):
+    export_onnx(_Images().eval(), torch.randn(2, 3, 4, 4), tmp_path / "i.onnx", {0: "batch"})
+    assert onnx_input_shapes(onnx_session(tmp_path / "i.onnx")) == {"images": ["batch", 3, 4, 4]}
+
+
+def test_onnx_export_lets_the_train_mode_warning_reach_the_caller(tmp_path):
+    train_mode = SoftmaxOverSequence().train()
+    with pytest.warns(UserWarning, match="Exporting a model while it is in training mode"):
+        export_onnx(train_mode, torch.randn(2, 10, 8), tmp_path / "t.onnx", {0: "batch"})
+
+
+class _Warns(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import warnings
+
+        warnings.warn("my own warning from forward", UserWarning)
+        warnings.warn("# The axis name: seq will not be used, since it shares the same shape constraints with "
+                      "another axis: batch.", UserWarning)          # the exporter's note on dim names
+        return x * 2
+
+
+def test_onnx_export_hides_only_the_exporters_notes(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(_Warns().eval(), torch.randn(2, 3), tmp_path / "w.onnx", {0: "batch"})
+    messages = [str(w.message) for w in caught]
+    assert "my own warning from forward" in messages
+    assert not any("will not be used" in m for m in messages)

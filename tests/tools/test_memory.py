@@ -46,3 +46,15 @@ def test_views_are_counted_once_and_saved_tensors_outside_the_block_are_not():
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match="nn.Module and a torch optimizer"):
         memory_breakdown(_mlp(), None, BATCH)
+
+
+def test_a_batch_sliced_from_a_dataset_counts_its_own_bytes_and_names_the_storage_it_keeps_alive():
+    images, labels = torch.randn(1000, 100), torch.randint(0, 10, (1000,))   # the whole data set in memory
+    parts = memory_breakdown(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1), (images[:32], labels[:32]))
+    assert parts.batch == 32 * 100 * 4 + 32 * 8                              # what the batch's views cover
+    assert parts.batch_storage == 1000 * 100 * 4 + 1000 * 8                  # what they keep alive
+    assert parts.total == parts.parameters + parts.gradients + parts.optimizer_state + parts.activations + parts.batch
+    line = str(parts).splitlines()[-1]
+    assert line.startswith("the input batch is a view") and "0.39 MiB (408,000 bytes) of storage alive" in line, line
+    owned = memory_breakdown(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.1), BATCH)
+    assert owned.batch == owned.batch_storage and "view" not in str(owned)

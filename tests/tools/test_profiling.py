@@ -60,3 +60,17 @@ def test_the_profilers_own_log_lines_do_not_reach_stderr():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "profiler_start" not in result.stderr
     assert "block stderr kept" in result.stderr
+
+
+@pytest.mark.parametrize("data_ms, expected", [
+    (4.0, ["compute-bound", "≈4% of the step waits for data", "the loader keeps up", "at most ≈4%"]),
+    (30.0, ["compute-bound", "data loading costs ≈30% of the step", "save up to ≈30%", "≈1.43x"]),
+    (49.0, ["compute-bound", "data loading costs ≈49% of the step", "save up to ≈49%", "≈1.96x"]),
+    (75.0, ["input-bound", "≈75% of the step waits for data", "save up to ≈75%", "≈4x"]),
+])
+def test_the_verdict_is_graded_by_the_measured_share_and_names_no_chapter(data_ms, expected):
+    from ptlab.profiling import ProfileReport
+
+    verdict = ProfileReport(ranges_ms={"data": data_ms, "compute": 100.0 - data_ms}).verdict
+    assert verdict.startswith(expected[0]) and all(part in verdict for part in expected[1:]), verdict
+    assert "will not help" not in verdict and "chapter" not in verdict.lower()
