@@ -144,7 +144,6 @@ class LRRangeResult:
         return self.best_lr / 10, self.best_lr / 3
 
     def __str__(self) -> str:
-
         low, high = self.suggested
         end = (f"diverged at lr {measured(self.diverged_at, 2)}" if self.diverged_at
                else "did not diverge: extend end_lr to see where it does")

@@ -95,7 +95,6 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     if trainable and no_grad:
-
         found = diagnose_gradients(model, batch=(X, y), loss_fn=loss_fn).causes
         named = ", ".join(f"{n} ({found.get(n, 'no gradient')})" for n in no_grad[:4])
         causes["detached graph"] = (f"{len(no_grad)} of {len(trainable)} trainable tensors never got a gradient: "

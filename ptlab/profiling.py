@@ -63,7 +63,6 @@ class ProfileReport:
                 f"save at most {percent}%. A smaller model, mixed precision or torch.compile may speed up the rest")
 
     def __str__(self) -> str:
-
         ranges = "\n".join(f"  {name:<10}{measured(ms)} ms" for name, ms in self.ranges_ms.items())
         parts = ["top operators by self CPU time:", self.table, "named ranges (total):", ranges]
         if self.peak_memory_table:

@@ -137,7 +137,6 @@ def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
 
 def _dataset() -> Check:
     try:
-
         digest = verify_dataset()
         return Check("embedded dataset", f"{DATASET_FILE.name} sha256 {digest[:12]}… ok")
     except Exception as err:  # DatasetError says what to do

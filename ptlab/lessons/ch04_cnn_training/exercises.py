@@ -149,7 +149,6 @@ def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
          "says what stops learning and where; undo that on the model itself, then run the ritual again",
 )
 def check_overfit_cause(unblock) -> None:
-
     model, batch = mystery_setup()
     originals = dict(model.named_parameters())
     values = {name: p.detach().clone() for name, p in originals.items()}

@@ -127,7 +127,6 @@ def eval_without_eval_mode(buggy: bool) -> Outcome:
     for validation and test. Evaluate the same model twice: the predictions must be identical.""",
 )
 def test_time_augmentation(buggy: bool) -> Outcome:
-
     model = reference_model()
     deterministic = EmbeddedImages(train=False, transform=make_transform(augment=False))
     if buggy:

@@ -57,7 +57,6 @@ def check_accumulate_gradients(accumulated_step) -> None:
     micro = [(X[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
     result = accumulated_step(model, opt, micro)
     if result is Ellipsis:
-
         raise NotAttempted
     before = dict(_accumulation_problem()[0].named_parameters())
     moved = max((p - before[n]).abs().max().item() for n, p in model.named_parameters())

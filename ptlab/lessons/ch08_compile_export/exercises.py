@@ -48,7 +48,6 @@ def check_no_graph_break(normalise) -> None:
          "x change between calls, and how does torch.export.Dim name them?",
 )
 def check_dynamic_export(export_any_length) -> None:
-
     torch.manual_seed(0)
     model = SoftmaxOverSequence().eval()
     program = calls_stub(export_any_length, model, torch.randn(2, 10, 8))
