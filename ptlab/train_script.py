@@ -7,12 +7,15 @@
 
 Under torchrun every process runs this file; RANK, LOCAL_RANK and WORLD_SIZE say which one it is. Rank 0
 alone prints, shows the progress bar, writes checkpoints and the run log; --batch-size is the global batch.
+One process resumes bit for bit; several ranks resume with their own new random streams (last.pt holds only
+rank 0's), so their augmentations differ from an uninterrupted run's.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import datetime
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,11 +27,12 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ptlab.profiling import profile_training
 
+from .checkpoint import load_checkpoint
 from .core import get_device
 from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
 from .experiments import log_run
 from .models import SmallCNN
-from .train import evaluate, fit, resume_run
+from .train import History, evaluate, fit, resume_run
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -136,9 +140,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     folder = Path(args.checkpoint_dir)
     if args.resume and not (folder / "last.pt").is_file():
         parser.error(f"--resume: no checkpoint at {folder / 'last.pt'}; run once without --resume first")
-    if args.batch_size < int(os.environ.get("WORLD_SIZE", 1)):
-        parser.error(f"--batch-size {args.batch_size} is smaller than the world size {os.environ['WORLD_SIZE']}: "
-                     "every process needs at least one example per step")
     rank, world, device = setup_distributed(args.timeout)
     main = rank == 0
     say = print if main else (lambda *a, **k: None)
@@ -153,12 +154,26 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     torch.manual_seed(args.seed)                       # the same initial weights on every rank
     model = SmallCNN(width=args.width).to(device)      # (B, 3, 32, 32) -> (B, 10)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    torch.manual_seed(args.seed + rank)                # each rank its own augmentations (a resume restores the RNGs)
     history = None
     if args.resume:                                    # every rank reads the same file; the plain model's keys
-        history = resume_run(folder, model, optimizer, train_loader=train_loader, scaler=scaler, map_location=device)
+        try:
+            history = resume_run(folder, model, optimizer, train_loader=train_loader, scaler=scaler,
+                                 map_location=device)
+        except RuntimeError as err:                    # load_state_dict: size mismatch, missing or unexpected keys
+            if "state_dict" not in str(err):
+                raise
+            parser.error(f"--resume: {folder / 'last.pt'} holds another model than --width {args.width} builds "
+                         f"({str(err).splitlines()[-1].strip()}); resume with the settings it was trained with, "
+                         "or start a new run in another --checkpoint-dir")
         say(f"resumed from {folder / 'last.pt'} after epoch {history.epoch[-1]}")
+        if world > 1:                                  # last.pt holds rank 0's RNG: give each rank its own again
+            torch.manual_seed(args.seed + rank + 1000 * len(history))
+        if len(history) >= epochs:
+            say(f"the run in {folder} already has {len(history)} epochs (--epochs {epochs}): nothing to train, "
+                "nothing logged; raise --epochs to train on")
+            return 0
     if args.profile and main:                          # a copy, on rank 0 only: no collective involved
-
         probe = copy.deepcopy(model)
         print(profile_training(probe, train_loader.loader, torch.optim.AdamW(probe.parameters()), steps=5))
     if world > 1:
@@ -169,27 +184,63 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         history = fit(model, train_loader, val_loader, optimizer, epochs=epochs - done, history=history,
                       device=device, scaler=scaler, autocast_dtype=autocast_dtype, progress=main,
                       checkpoint_dir=folder if main else None)   # rank 0 alone writes checkpoints
+    if world > 1:                                      # each rank trained on its own shard: log the mean
+        _average_over_ranks(history, ("train_loss", "train_acc"), world)
     if main:                                           # evaluation and the log: rank 0, on the plain model
         plain = model.module if isinstance(model, DDP) else model
+        load_checkpoint(folder / "best.pt", plain, map_location=device, restore_random=False)  # chosen on validation
         test = evaluate(plain, test_loader, device=device)
         for e, tl, va in zip(history.epoch, history.train_loss, history.val_acc):
             print(f"epoch {e}: train loss {tl:.4f}, validation accuracy {va:.4f}")
+        best = history.epoch.index(history.best_epoch)
         config = {**{k: v for k, v in vars(args).items() if k != "fail_rank"}, "world_size": world,
                   "device": device.type, "amp": amp_text}
-        logged = log_run(config, {"val_acc": history.val_acc[-1], "test_acc": test["acc"]}, history=history,
+        logged = log_run(config, {"best_epoch": history.best_epoch, "val_acc": history.val_acc[best],
+                                  "test_acc": test["acc"]}, history=history,
                          checkpoint=folder / "best.pt", runs_dir=args.runs_dir)
-        print(f"test accuracy {test['acc']:.4f}; checkpoints in {folder}; logged as {logged.name} in "
-              f"{Path(args.runs_dir) / 'runs.jsonl'}")
+        print(f"test accuracy {test['acc']:.4f} with the weights of epoch {history.best_epoch} (best validation "
+              f"accuracy); checkpoints in {folder}; logged as {logged.name} in {Path(args.runs_dir) / 'runs.jsonl'}")
     return 0
+
+
+def _average_over_ranks(history: History, fields: tuple[str, ...], world: int) -> None:
+    """Replace each rank's own curve by the mean over all ranks (equal shards: the mean over every sample)."""
+    for name in fields:
+        values = torch.tensor(getattr(history, name), dtype=torch.float64)
+        dist.all_reduce(values)                        # gloo and nccl both sum float64 tensors
+        setattr(history, name, (values / world).tolist())
+
+
+def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """One usage line for a value that would otherwise end in a traceback deep inside torch."""
+    for name in ("epochs", "batch_size", "width"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        parser.error(f"--lr must be a positive number, got {args.lr}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        parser.error(f"--weight-decay must be 0 or more, got {args.weight_decay}")
+    if not 0 < args.val_fraction < 1:
+        parser.error(f"--val-fraction must be between 0 and 1 (the share kept for validation), got {args.val_fraction}")
+    if args.workers < 0:
+        parser.error(f"--workers must be 0 (load in the main process) or more, got {args.workers}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size < world:
+        parser.error(f"--batch-size {args.batch_size} is smaller than the world size {world}: "
+                     "every process needs at least one example per step")
+    if args.batch_size % world:
+        parser.error(f"--batch-size {args.batch_size} does not divide by the world size {world}: each process takes "
+                     f"batch-size / world size examples, so {args.batch_size % world} would be dropped every step; "
+                     f"use a multiple of {world}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m ptlab train` (and of every process torchrun starts)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("epochs", "batch_size", "width"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_arguments(args, parser)
     try:
         return run(args, parser)
     finally:

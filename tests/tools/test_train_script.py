@@ -136,3 +136,50 @@ def test_resume_is_bit_exact_one_plus_one_equals_two(tmp_path, monkeypatch):
     a, b = _final_weights(straight), _final_weights(resumed)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the straight run's"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "-0.1"], "--lr must be a positive number, got -0.1"),
+    (["--val-fraction", "1.5"], "--val-fraction must be between 0 and 1"),
+    (["--workers", "-1"], "--workers must be 0 (load in the main process) or more, got -1"),
+    (["--timeout", "0"], "--timeout must be a positive number of seconds"),
+])
+def test_bad_values_are_usage_errors_not_tracebacks(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_global_batch_that_does_not_divide_by_the_ranks_is_refused(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--batch-size", "32"])
+    assert exit_info.value.code == 2
+    assert "--batch-size 32 does not divide by the world size 3" in capsys.readouterr().err
+
+
+def test_resume_with_another_width_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(SMALL) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*SMALL[:-4], "--width", "16", "--batch-size", "32", "--resume", "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert "--resume: checkpoints/last.pt holds another model than --width 16 builds" in err
+
+
+def test_resuming_a_finished_run_trains_and_logs_nothing(tmp_path, monkeypatch, capsys):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "2"]) == 0
+    [run] = read_runs(tmp_path)
+    best = run["curves"]["epoch"].index(run["metrics"]["best_epoch"])
+    assert run["metrics"]["val_acc"] == run["curves"]["val_acc"][best] == max(run["curves"]["val_acc"])
+    assert f"with the weights of epoch {run['metrics']['best_epoch']}" in capsys.readouterr().out
+    assert main([*SMALL, "--resume", "--epochs", "2"]) == 0
+    assert "already has 2 epochs (--epochs 2): nothing to train, nothing logged" in capsys.readouterr().out
+    assert len(read_runs(tmp_path)) == 1
