@@ -8,12 +8,13 @@ Without `compute=` there is nothing to compare the waiting with: the report meas
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -22,6 +23,7 @@ from .claims import measured
 from .workers import usable_cpus
 
 INPUT_BOUND_WAIT_SHARE = 0.3  # waiting more than this share of the time: the input pipeline is the limit
+KEEPS_UP_WAIT_SHARE = 0.1     # waiting less than this share: the loader keeps up
 _SAMPLE_ERROR = re.compile(r"sample (\d+) raised ([\w.]+): ")
 
 
@@ -38,10 +40,22 @@ class SampleLoadError(RuntimeError):
 
 
 class IndexReportingDataset(Dataset):
-    """Wraps a map-style dataset so an exception in __getitem__ names the sample index that raised it."""
+    """Wraps a map-style dataset so an exception in __getitem__ names the sample index that raised it.
+
+    Every other attribute is the wrapped dataset's, read and written: a worker_init_fn that sets
+    `get_worker_info().dataset.rng` (ptlab.workers.seed_worker_numpy_rng) reaches the real dataset.
+    """
 
     def __init__(self, base: Dataset) -> None:
-        self.base = base
+        object.__setattr__(self, "base", base)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":                 # not set yet (unpickling in a worker): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.base, name, value)
 
     def __len__(self) -> int:
         return len(self.base)
@@ -177,18 +191,24 @@ NO_COMPUTE_STEP = ("no compute step was given, so waiting for data cannot be wei
 def _verdict(wait_share: float, num_workers: int, has_compute: bool = True) -> tuple[str, str]:
     if not has_compute:   # the loader alone always waits 100% of the time: that says nothing about the bottleneck
         return "unknown", NO_COMPUTE_STEP
-    cores = usable_cpus()
-    if wait_share < INPUT_BOUND_WAIT_SHARE:
+    if wait_share < KEEPS_UP_WAIT_SHARE:
         return "compute-bound", ("the loader keeps up; speed up the step itself (batch size, mixed precision, "
                                  "torch.compile) before touching the loader")
+    label = "input-bound" if wait_share >= INPUT_BOUND_WAIT_SHARE else "partly input-bound"
+    # Amdahl: a loader that never makes the step wait removes the waiting, and nothing more.
+    gain = (f"waiting is {measured(100 * wait_share, 2)}% of the time, so a loader that never makes the step wait "
+            f"trains at most {measured(1 / (1 - wait_share), 3)}x faster; ")
+    cores = usable_cpus()
     if num_workers == 0:
         # No core count in this line: the report is stored in notebooks that must read the same on every machine.
-        return "input-bound", (f"load in parallel: try num_workers={min(2, cores)}, then more while samples/s "
-                               "rises, up to the cores this process may use")
+        return label, gain + ("load in parallel: try num_workers=2, then more while samples/s rises, up to the cores "
+                              "this process may use")
     if num_workers < cores:
-        return "input-bound", f"raise num_workers towards {cores}, the cores this process may use"
-    return "input-bound", ("workers already fill the cores: make each sample cheaper (per-batch transforms after "
-                           "collation, cache decoded data, smaller files)")
+        return label, gain + f"raise num_workers towards {cores}, the cores this process may use"
+    return label, gain + ("the workers already match the cores: if a sample waits on a disk or the network, more "
+                          "workers than cores can still help (measure with throughput_by_workers); if it is CPU "
+                          "work, make each sample cheaper (per-batch transforms after collation, cached decoded "
+                          "data, smaller files)")
 
 
 def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, *, warmup_batches: int = 2,
@@ -203,13 +223,31 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
     by_workers = tuple((w, check_loader(_rebuild(loader, num_workers=w), warmup_batches=warmup_batches,
                                         max_batches=max_batches).samples_per_s) for w in worker_counts)
     num_workers = getattr(loader, "num_workers", 0)
-    if isinstance(loader, DataLoader):
-        loader = _with_index_reporting(loader)
-    timed = _timed_pass(loader, compute, warmup_batches, max_batches)
+    with _random_state_kept(loader):           # measuring must not change the next epoch's shuffle or seeds
+        timed = _timed_pass(_with_index_reporting(loader) if isinstance(loader, DataLoader) else loader,
+                            compute, warmup_batches, max_batches)
     total = timed.wait_s + timed.compute_s
     verdict, next_step = _verdict(timed.wait_s / total if total > 0 else 0.0, num_workers, compute is not None)
     return LoaderReport(timed.batches, timed.samples, timed.wait_s, timed.compute_s, timed.first_batch_s,
                         num_workers, verdict, next_step, by_workers)
+
+
+@contextlib.contextmanager
+def _random_state_kept(loader: Any) -> Iterator[None]:
+    """Give the loader's generators (its own and its sampler's) and torch's global RNG back their states."""
+    generators = {id(g): g for g in (getattr(loader, "generator", None),
+                                     getattr(getattr(loader, "sampler", None), "generator", None),
+                                     getattr(getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+                                             "generator", None))
+                  if isinstance(g, torch.Generator)}
+    states = {key: g.get_state() for key, g in generators.items()}
+    global_state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        for key, g in generators.items():
+            g.set_state(states[key])
+        torch.set_rng_state(global_state)
 
 
 def _check_args(loader: Iterable, compute: Callable | None, warmup_batches: int, max_batches: int,

@@ -160,3 +160,40 @@ def test_dataloader_reraises_the_original_error_and_check_loader_adds_the_index(
     with pytest.raises(LoaderCheckError) as checked:
         check_loader(loader(), warmup_batches=0)
     assert checked.value.index == 17 and "sample 17" in str(checked.value)
+
+
+def test_a_worker_init_fn_reaches_the_real_dataset_through_the_index_reporting_wrapper():
+    from ptlab.lessons.ch03_data.datasets import AugmentWithNumpyRng
+    from ptlab.workers import seed_worker_numpy_rng
+
+    loader = DataLoader(AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=seed_worker_numpy_rng,
+                        generator=torch.Generator().manual_seed(0))
+    report = check_loader(loader, compute=lambda batch: None, warmup_batches=0, max_batches=4)
+    assert report.samples == 8          # before: AttributeError from seed_worker_numpy_rng inside a worker
+
+
+def test_checking_a_loader_leaves_its_shuffle_and_the_global_rng_as_they_were():
+    def epoch(loader):
+        return [int(i) for batch in loader for i in batch[0]]
+
+    data = TensorDataset(torch.arange(32))
+    checked = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    untouched = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    before = torch.get_rng_state()
+    check_loader(checked, compute=lambda batch: None, warmup_batches=0, max_batches=2)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert epoch(checked) == epoch(untouched)    # before: the check had used the loader's first shuffle
+
+
+@pytest.mark.parametrize("share, workers, label, words", [
+    (0.05, 0, "compute-bound", "the loader keeps up"),
+    (0.28, 0, "partly input-bound", "waiting is ≈28% of the time"),
+    (0.6, 0, "input-bound", "at most ≈2.5x faster"),
+    (0.6, 10_000, "input-bound", "on a disk or the network, more workers than cores can still help"),
+])
+def test_the_verdict_is_graded_by_the_share_spent_waiting(share, workers, label, words):
+    from ptlab.loader_check import _verdict
+
+    verdict, next_step = _verdict(share, workers)
+    assert verdict == label and words in next_step
+    assert "keeps up" not in next_step or share < 0.1     # before: 28% waiting was "the loader keeps up"
