@@ -33,3 +33,23 @@ def test_an_error_inside_the_checker_is_not_blamed_on_the_learner(capsys):
     out = capsys.readouterr().out
     assert "your answer raised" not in out
     assert "the checker could not use your answer: KeyError" in out and "bug in the checker" in out
+
+
+def test_an_untouched_stub_function_is_not_attempted_and_a_missing_return_is_wrong(capsys):
+    from ptlab.course.exercises import is_untouched_stub
+
+    def stub(v):
+        """Return the rows normalised."""
+        ...
+
+    def passes(v):
+        pass
+
+    def forgot_return(v):
+        v = v / v.sum()
+
+    assert is_untouched_stub(...) and is_untouched_stub(stub) and is_untouched_stub(passes)
+    assert not is_untouched_stub(forgot_return) and not is_untouched_stub(lambda v: 0) and not is_untouched_stub(42)
+    assert check("ch1-normalize-rows", stub) == "not attempted"
+    assert "not attempted yet" in capsys.readouterr().out
+    assert check("ch1-normalize-rows", forgot_return) == "wrong"
