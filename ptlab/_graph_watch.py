@@ -1,6 +1,7 @@
 """Private to ptlab.diagnose: a TorchFunctionMode that watches one forward pass and records where the graph was cut."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,13 @@ class ForwardWatcher(TorchFunctionMode):
             return func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
         owner = getattr(getattr(func, "__self__", None), "__name__", None)
-        if name == "__get__" and owner != "data":  # attribute reads (.shape, .requires_grad...) cut nothing
-            return func(*args, **kwargs)
+        if name == "__get__" and owner != "data":  # attribute reads (.shape, .T, .mT ...) cut nothing
+            result = func(*args, **kwargs)
+            taint = self.taint.get(id(args[0])) if args and isinstance(args[0], torch.Tensor) else None
+            if taint and isinstance(result, torch.Tensor):     # a view such as .T carries what it came from
+                self.taint[id(result)] = taint
+                self.keep_alive.append(result)
+            return result
         op = "data" if name == "__get__" else name
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         self.used.update(id(t) for t in inputs)
@@ -74,7 +80,8 @@ class ForwardWatcher(TorchFunctionMode):
         if kind is None and op in LEAVE_GRAPH and taint:  # x.detach().numpy(): the second half of a round trip
             kind = "round-trip"
         if kind is not None:
-            self.events.append(CutEvent(op, kind, self.current_module, graph_inputs, frozenset(taint)))
+            name = (custom_function_running() or op) if kind == "custom-function" else op
+            self.events.append(CutEvent(name, kind, self.current_module, graph_inputs, frozenset(taint)))
             taint = taint | {len(self.events) - 1}
         elif op in REWRAP and not graph_inputs:  # torch.tensor(number): came back from a round trip?
             taint = taint | {i for i, e in enumerate(self.events) if e.kind == "round-trip"}
@@ -98,7 +105,7 @@ class ForwardWatcher(TorchFunctionMode):
         if torch.is_inference_mode_enabled():
             return "inference_mode"
         if not torch.is_grad_enabled():
-            return "no_grad"
+            return "custom-function" if custom_function_running() else "no_grad"
         if not any(t.is_floating_point() or t.is_complex() for t in outputs):
             return "non-differentiable"
         return None
@@ -122,6 +129,19 @@ class ForwardWatcher(TorchFunctionMode):
                 if self.module_stack:
                     self.module_stack.pop()
         return hook
+
+
+def custom_function_running() -> str | None:
+    """The name of the custom autograd.Function whose forward is running, if one is (its ctx is in a frame)."""
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            return None
+        ctx = frame.f_locals.get("ctx") if frame.f_code.co_name == "forward" else None
+        if isinstance(ctx, torch.autograd.function.FunctionCtx):
+            return type(ctx).__name__.removesuffix("Backward")
+        frame = frame.f_back
+    return None
 
 
 def upstream_leaves(t: torch.Tensor) -> set[int]:

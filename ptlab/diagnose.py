@@ -44,6 +44,8 @@ CAUSES = {
     "zero": "the gradient is exactly 0",
     "vanishing": "the gradient is vanishingly small compared with the other parameters'",
     "non-finite": "the gradient holds NaN or inf",
+    "partial": "gets a gradient, but one of its paths to the loss was cut: that path adds nothing to it",
+    "custom-function": "reached the loss only through a custom autograd.Function whose backward returns None for it",
 }
 _LOSS_FN = "(loss_fn)"
 
@@ -71,6 +73,7 @@ class GradientReport:
     weak: list[Finding] = field(default_factory=list)
     unregistered: list[Finding] = field(default_factory=list)
     optimizer_gaps: list[Finding] = field(default_factory=list)
+    partial: list[Finding] = field(default_factory=list)
     first_cut_module: str | None = None
     backward_error: str | None = None
     inplace_ops: list[str] = field(default_factory=list)
@@ -79,12 +82,12 @@ class GradientReport:
 
     @property
     def findings(self) -> list[Finding]:
-        return [*self.unregistered, *self.missing, *self.weak, *self.optimizer_gaps]
+        return [*self.unregistered, *self.missing, *self.partial, *self.weak, *self.optimizer_gaps]
 
     @property
     def healthy(self) -> bool:
-        """True when every parameter is registered, got a finite, non-vanishing gradient and, when an
-        optimizer was given, is in one of its param groups with a non-zero lr.
+        """True when every parameter is registered, got a finite, non-vanishing gradient through every path
+        it takes to the loss and, when an optimizer was given, is in one of its param groups with a non-zero lr.
 
         Stale gradients (`.grad` already holding a gradient) do not count: a loop that calls zero_grad()
         at the top of each step, or accumulates over micro-batches, holds them between steps by design,
@@ -333,6 +336,8 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
                 report.missing.append(Finding(name, owner.get(id(p), "(model)"), "frozen", "requires_grad=False"))
         elif grads[name] is None:
             report.missing.append(_explain_missing(name, owner.get(id(p), "(model)"), p, watcher, loss))
+    if watcher is not None:
+        _flag_partial_cuts(report, watcher, loss, {n: p for n, p in named.items() if grads.get(n) is not None}, owner)
     _flag_weak(report, {n: g for n, g in grads.items() if n in named}, owner, named, vanishing)
     if optimizer is not None:
         _flag_optimizer_gaps(report, optimizer, {n: p for n, p in named.items() if grads.get(n) is not None}, owner)
@@ -343,6 +348,22 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
                 report.notes.append(f"{_where(event)} left the graph, but no parameter lost its gradient through it")
         report.notes = list(dict.fromkeys(report.notes))
     return report
+
+
+def _flag_partial_cuts(report: GradientReport, watcher: ForwardWatcher, loss: torch.Tensor,
+                       with_grad: dict[str, torch.Tensor], owner: dict[int, str]) -> None:
+    """Parameters that got a gradient although a cut whose result reaches the loss also started from them."""
+    feeding_loss = watcher.taint.get(id(loss), set())
+    for i, event in enumerate(watcher.events):
+        if event.kind not in ("detach", "data", "no_grad", "inference_mode", "round-trip") or i not in feeding_loss:
+            continue
+        leaves = set().union(*(upstream_leaves(t) for t in event.graph_inputs))
+        for name, p in with_grad.items():
+            if id(p) in leaves:
+                watcher.blamed.add(i)
+                report.partial.append(Finding(name, owner.get(id(p), "(model)"), "partial",
+                                              f"{_where(event)} cut one of its paths to the loss; its gradient "
+                                              "comes through the others only"))
 
 
 def _flag_optimizer_gaps(report: GradientReport, optimizer: torch.optim.Optimizer,
@@ -378,6 +399,8 @@ def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: ForwardWa
         onward = [e for e in watcher.events if ranked[0] in e.ancestors and e.op in LEAVE_GRAPH]
         if event.kind in ("detach", "data") and onward:  # x.detach().numpy() -> torch.tensor(...)
             event = CutEvent(f"{event.op}().{onward[0].op}", "round-trip", event.module, event.graph_inputs)
+        if event.kind == "custom-function":
+            return Finding(name, module, event.kind, f"the backward of {event.op} returns None for it")
         return Finding(name, module, event.kind, _where(event))
     if id(p) not in watcher.used:
         return Finding(name, module, "unused", f"{module} was never called, or this parameter never read")

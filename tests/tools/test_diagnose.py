@@ -312,3 +312,69 @@ def test_cuda_rng_is_restored():
     before = torch.cuda.get_rng_state()
     diagnose_gradients(model, batch=(X.cuda(), Y.cuda()), loss_fn=nn.MSELoss())
     assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
+class _TiedThroughData(nn.Module):
+    """The head's weight is also read through .data (a cut path) besides its own path."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.head(x) + x @ self.head.weight.data.T          # the second path carries no gradient
+
+
+class _DetachedSidePath(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.side = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.side(h) + 0.1 * h.detach()                      # body still learns through side
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, grad):
+        (w,) = ctx.saved_tensors
+        return grad * w, None                                       # no gradient for w
+
+
+class _WithCustomFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.w = nn.Linear(4, 4), nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return _Scale.apply(self.lin(x), self.w)
+
+
+def test_a_path_cut_through_data_is_reported_although_the_weight_still_gets_a_gradient():
+    torch.manual_seed(0)
+    report = diagnose_gradients(_TiedThroughData(), batch=(torch.randn(8, 4), torch.randn(8, 4)),
+                                loss_fn=nn.functional.mse_loss)
+    assert not report.healthy and report.causes == {"head.weight": "partial"}
+    assert "`data`" in report.partial[0].detail
+    assert not any("no parameter lost its gradient" in n for n in report.notes)
+
+
+def test_a_detached_side_path_is_reported_as_partial_for_the_parameters_behind_it():
+    torch.manual_seed(0)
+    report = diagnose_gradients(_DetachedSidePath(), batch=(torch.randn(8, 4), torch.randn(8, 4)),
+                                loss_fn=nn.functional.mse_loss)
+    assert report.causes == {"body.weight": "partial", "body.bias": "partial"}
+
+
+def test_a_custom_function_that_returns_no_gradient_is_named_not_blamed_on_no_grad():
+    torch.manual_seed(0)
+    report = diagnose_gradients(_WithCustomFunction(), batch=(torch.randn(8, 4), torch.randn(8, 4)),
+                                loss_fn=nn.functional.mse_loss)
+    assert report.causes == {"w": "custom-function"}
+    assert "_Scale" in report.missing[0].detail
