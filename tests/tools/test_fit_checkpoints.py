@@ -88,3 +88,47 @@ def test_bad_settings_are_named(tmp_path):
         fit(model, data, data, opt, epochs=1, monitor="accuracy", progress=False)
     with pytest.raises(ValueError, match="early_stopping"):
         fit(model, data, data, opt, epochs=1, early_stopping=0, progress=False)
+
+
+def _small_problem(sampler_generator: bool = False):
+    from torch import nn
+    from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(128, 6, generator=g), torch.randint(0, 3, (128,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    data = TensorDataset(X[:96], y[:96])
+    if sampler_generator:       # the sampler owns its generator; the loader has none
+        train = DataLoader(data, batch_size=16, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(3)))
+    else:
+        train = DataLoader(data, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3))
+    return model, train, DataLoader(TensorDataset(X[96:], y[96:]), batch_size=32)
+
+
+@pytest.mark.parametrize("with_scaler, sampler_generator", [(True, False), (False, True)])
+def test_resume_is_exact_with_a_grad_scaler_and_with_a_sampler_that_owns_its_generator(
+        tmp_path, with_scaler, sampler_generator):
+    def run(epochs, folder, resume):
+        model, train, val = _small_problem(sampler_generator)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3) if with_scaler else None
+        fit(model, train, val, opt, epochs=epochs, scaler=scaler, progress=False, checkpoint_dir=folder,
+            resume=resume)
+        return model.state_dict(), scaler
+
+    straight, scaler_straight = run(4, tmp_path / "a", False)
+    run(2, tmp_path / "b", False)
+    resumed, scaler_resumed = run(4, tmp_path / "b", True)
+    assert all(torch.equal(v, resumed[k]) for k, v in straight.items())
+    if with_scaler:              # growth every 3 steps: the scale moved, and the resumed run continued from it
+        assert scaler_resumed.get_scale() == scaler_straight.get_scale() > 2.0**8
+
+
+def test_reduce_lr_on_plateau_gets_the_monitored_metric(tmp_path):
+    model, train, val = _small_problem()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", patience=0, factor=0.5)
+    history = fit(model, train, val, opt, epochs=3, scheduler=plateau, monitor="val_loss", progress=False)
+    assert len(history.epoch) == 3           # before: TypeError "step() missing 'metrics'" after the first epoch
+    assert plateau.best == min(history.val_loss)
