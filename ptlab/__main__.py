@@ -17,6 +17,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _pitfalls(args: argparse.Namespace) -> int:
     from .course.catalogue import catalogue_json, catalogue_text
     from .course.pitfalls import get_pitfall
+    from .course.pitfall_record import CHECK_MARK
 
     if args.action == "run":
         if not args.id:
@@ -33,8 +34,9 @@ def _pitfalls(args: argparse.Namespace) -> int:
             print(f"  {name}: {value}")
         print(f"  symptom shows: {outcome.broken} (every check holds)" if outcome.broken
               else f"  symptom shows: {outcome.broken} (not every check holds)")
+        print("  ● a check that holds (the symptom is there), ○ one that does not")
         for check in outcome.checks:
-            print(f"  {'✔' if check.holds else '✘'} {check.line()}")
+            print(f"  {CHECK_MARK[check.holds]} {check.line()}")
         return 0
     print(catalogue_json() if args.json else catalogue_text())
     return 0

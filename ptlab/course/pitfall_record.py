@@ -12,6 +12,7 @@ from ptlab.claims import Check, show
 from ptlab.course.topics import refuse_second_id
 
 Number = int | float
+CHECK_MARK = {True: "●", False: "○"}   # a symptom check that holds (the symptom is there), one that does not
 
 _ID_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _REGISTRY: dict[str, "Pitfall"] = {}

@@ -8,6 +8,7 @@ import traceback
 import ipywidgets as widgets
 from IPython.display import display
 
+from ptlab.course.pitfall_record import CHECK_MARK
 from ptlab.course.pitfalls import Outcome, Pitfall, get_pitfall
 from ptlab.plots import plot_series, show_figure
 
@@ -35,10 +36,13 @@ def prose_html(text: str) -> str:
 
 
 def figures_html(outcome: Outcome) -> str:
-    """The verdict, the checks that decided it (each ✔ or ✘), and a small table of figures."""
+    """The verdict, the checks that decided it (● holds: the symptom is there; ○ does not), and the figures.
+
+    Not ✔/✘: compare_pitfall's ✔ says a claim about the run is true ("fixed: ... not == 0"), so the same
+    fixed-run check would read ✘ here and ✔ there."""
     verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
                else '<b style="color:#27ae60">OK</b>: not every check of the symptom holds')
-    checks = "".join(f"<div>{'✔' if c.holds else '✘'} {html.escape(c.line())}</div>" for c in outcome.checks)
+    checks = "".join(f"<div>{CHECK_MARK[c.holds]} {html.escape(c.line())}</div>" for c in outcome.checks)
     rows = "".join(f"<tr><td style='padding-right:1.5em'>{html.escape(k)}</td><td><code>{html.escape(v)}</code></td></tr>"
                    for k, v in outcome.formatted_figures().items())
     return (f'<div class="ptlab-verdict">{verdict}</div><div class="ptlab-checks">{checks}</div>'

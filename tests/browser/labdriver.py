@@ -520,3 +520,73 @@ def check_notebook(browser, lab: Lab, notebook: str, nb_path: Path, shots: Path 
         except OSError as err:
             report.problems.append(f"could not shut the notebook's kernel down: {err}")
     return report
+
+
+_STEP_JS = """(i) => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const cell = panel.content.widgets[i];
+  const area = cell.node.querySelector('.jp-Cell-outputArea');
+  const visible = !!area && (area.innerText.trim().length > 0
+                             || area.querySelector('.jupyter-widgets, img, canvas, svg') !== null);
+  return {prompt: cell.node.querySelector('.jp-InputArea-prompt')?.textContent.trim() ?? '',
+          count: cell.model.executionCount, visible: visible,
+          errors: cell.model.outputs.toJSON().filter(o => o.output_type === 'error').length};
+}"""
+
+
+@dataclass
+class StepReport:
+    """A notebook run cell by cell, as a learner presses Shift+Enter: seconds per cell and the silent waits."""
+
+    notebook: str
+    seconds: dict[int, float] = field(default_factory=dict)
+    silent: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def step_through(browser, lab: Lab, notebook: str, nb_path: Path, silent_limit_s: float = 10.0,
+                 cell_timeout_s: float = 180.0) -> StepReport:
+    """Run each code cell on its own and note every cell that ran past `silent_limit_s` with nothing on screen
+    (no text, progress bar, widget or image in its output) during its first `silent_limit_s` seconds."""
+    report = StepReport(notebook)
+    cells = nbformat.read(nb_path, as_version=4).cells
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        open_notebook(page, lab, notebook, len(cells))
+        _menu(page, "Edit", "Clear Outputs of All Cells")
+        for i, cell in enumerate(cells):
+            if cell.cell_type != "code":
+                continue
+            page.evaluate("(i) => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", i)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-cell')")
+            start, first_seen, state = time.perf_counter(), None, {}
+            while time.perf_counter() - start < cell_timeout_s:
+                state = page.evaluate(_STEP_JS, i)
+                elapsed = time.perf_counter() - start
+                if state["visible"] and first_seen is None:
+                    first_seen = elapsed
+                if state["count"] is not None and re.fullmatch(r"\[\d+\]:", state["prompt"]):
+                    break
+                page.wait_for_timeout(200)
+            else:
+                report.problems.append(f"cell {i} did not finish in {cell_timeout_s:.0f} s")
+                break
+            report.seconds[i] = round(elapsed, 1)
+            first_line = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
+            if elapsed > silent_limit_s and (first_seen is None or first_seen > silent_limit_s):
+                shown = "nothing" if first_seen is None else f"nothing for {first_seen:.0f} s"
+                report.silent.append(f"cell {i} ({first_line!r}) ran {elapsed:.0f} s and showed {shown}")
+            if state.get("errors"):
+                report.problems.append(f"cell {i} ({first_line!r}) ended with an error")
+                break
+    except Exception as err:
+        report.problems.append(f"{type(err).__name__}: {err}")
+    finally:
+        context.close()
+        try:
+            lab.shutdown_kernel(notebook)
+        except OSError as err:
+            report.problems.append(f"could not shut the notebook's kernel down: {err}")
+    return report

@@ -10,7 +10,7 @@ import textwrap
 
 import nbformat
 import pytest
-from labdriver import ARTIFACTS, WIDGET_EXTENSION, check_notebook, jupyterlab
+from labdriver import ARTIFACTS, WIDGET_EXTENSION, check_notebook, jupyterlab, step_through
 
 pytestmark = pytest.mark.browser
 
@@ -32,6 +32,8 @@ PROBES = {
                              'import ipywidgets\nipywidgets.IntSlider(value=3)'],
     "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall', 'show_pitfall("exploding-probe")'],
     "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
+    "silent_wait.ipynb": ['import time\ntime.sleep(4)', 'time.sleep(11)',
+                          'print("waiting 11 s for a slow step (this prints first)")\ntime.sleep(11)'],
     # An output answering a request the page never made, as a hook that runs after a widget's
     # request ended sends: it reaches no cell, only JupyterLab's Log Console (at level info).
     "escaped_output.ipynb": ['kernel = get_ipython().kernel\n'
@@ -114,3 +116,10 @@ def test_output_that_reached_no_cell_is_reported(browser, probe_lab, probe_root)
     report = check(browser, probe_lab, probe_root, "escaped_output.ipynb")
     escaped = [p for p in report.problems if "reached no cell" in p]
     assert escaped and "stream (escaped)" in escaped[0], report.problems
+
+
+def test_a_cell_that_waits_in_silence_is_reported_and_one_that_says_so_is_not(browser, probe_lab, probe_root):
+    report = step_through(browser, probe_lab, "silent_wait.ipynb", probe_root / "silent_wait.ipynb")
+    assert report.problems == []
+    assert len(report.silent) == 1 and report.silent[0].startswith("cell 2 ('time.sleep(11)') ran"), report.silent
+    assert report.seconds[1] < 10 and report.seconds[3] > 10      # the cell that printed first is not reported

@@ -8,8 +8,11 @@ new chapter is covered without editing this file.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
-from labdriver import ARTIFACTS, REPO, SHOW_PITFALL, check_notebook, course_notebooks
+from labdriver import ARTIFACTS, REPO, SHOW_PITFALL, check_notebook, course_notebooks, step_through
 
 pytestmark = pytest.mark.browser
 
@@ -30,3 +33,15 @@ def test_notebook_in_jupyterlab(notebook, lab, browser, timings):
     if SHOW_PITFALL.search((REPO / notebook).read_text()):
         assert report.driven, f"{notebook} shows pitfall widgets but none was driven"
         assert report.screenshots, f"{notebook}: no widget screenshot saved"
+
+
+STEP_NOTEBOOK = Path(os.environ.get("PTLAB_STEP_NOTEBOOK", "notebooks/05_checkpoints_debugging.ipynb"))
+
+
+@pytest.mark.timeout(900)
+def test_one_chapter_cell_by_cell_never_waits_in_silence(lab, browser):
+    """A learner runs cells one by one: a cell that takes more than 10 s shows progress, or says what it waits
+    for, within its first 10 s."""
+    report = step_through(browser, lab, STEP_NOTEBOOK.as_posix(), REPO / STEP_NOTEBOOK)
+    assert not report.problems, report.problems
+    assert report.silent == [], "cells that waited in silence:\n  " + "\n  ".join(report.silent)

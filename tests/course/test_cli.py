@@ -33,7 +33,7 @@ def test_pitfalls_run_prints_figures_and_each_check(capsys):
         for name, value in outcome.formatted_figures().items():
             assert f"  {name}: {value}\n" in out
         for check in outcome.checks:
-            assert f"{'✔' if check.holds else '✘'} {check.line()}" in out
+            assert f"{'●' if check.holds else '○'} {check.line()}" in out and "✔" not in out and "✘" not in out
 
 
 def test_pitfalls_run_unknown_id(capsys):
