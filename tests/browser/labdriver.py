@@ -560,8 +560,9 @@ def step_through(browser, lab: Lab, notebook: str, nb_path: Path, silent_limit_s
             if cell.cell_type != "code":
                 continue
             page.evaluate("(i) => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", i)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-cell')")
             start, first_seen, state = time.perf_counter(), None, {}
+            # As Shift+Enter does; the braces keep evaluate() from waiting for the command's promise (the run).
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
             while time.perf_counter() - start < cell_timeout_s:
                 state = page.evaluate(_STEP_JS, i)
                 elapsed = time.perf_counter() - start
