@@ -183,3 +183,13 @@ def test_resuming_a_finished_run_trains_and_logs_nothing(tmp_path, monkeypatch, 
     assert main([*SMALL, "--resume", "--epochs", "2"]) == 0
     assert "already has 2 epochs (--epochs 2): nothing to train, nothing logged" in capsys.readouterr().out
     assert len(read_runs(tmp_path)) == 1
+
+
+def test_the_logged_train_curves_are_the_mean_over_ranks():
+    import rank_workers
+
+    from ptlab.distributed import run_ranks
+
+    run = run_ranks(rank_workers.averaged_train_curves, 2, timeout_s=120)
+    assert run.ok, run.error
+    assert run.results == [[1.5, 3.5, 0.5, 0.125]] * 2          # before: rank 0 logged its own [1.0, 2.0, ...]
