@@ -50,6 +50,10 @@ def test_an_untouched_stub_function_is_not_attempted_and_a_missing_return_is_wro
 
     assert is_untouched_stub(...) and is_untouched_stub(stub) and is_untouched_stub(passes)
     assert not is_untouched_stub(forgot_return) and not is_untouched_stub(lambda v: 0) and not is_untouched_stub(42)
-    assert check("ch1-normalize-rows", stub) == "not attempted"
-    assert "not attempted yet" in capsys.readouterr().out
-    assert check("ch1-normalize-rows", forgot_return) == "wrong"
+    _register("probe-stub", lambda fn: calls_stub(fn, 1.0))
+    try:
+        assert check("probe-stub", stub) == "not attempted"
+        assert "not attempted yet" in capsys.readouterr().out
+        assert check("probe-stub", forgot_return) == "wrong"
+    finally:
+        _REGISTRY.pop("probe-stub")

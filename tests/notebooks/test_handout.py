@@ -54,14 +54,18 @@ def answers_in(name: str, text: str) -> list[str]:
         except SyntaxError:          # a notebook cell with IPython syntax: nothing here can be an assert
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "correct"
-                                                     for c in [node.left, *node.comparators]):
+            if isinstance(node, ast.Compare) and _is_check_call(node.left) and any(
+                    isinstance(c, ast.Constant) and c.value == "correct" for c in node.comparators):
                 found.append(f"line {node.lineno}: compares a verdict with 'correct'")
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check"
-                    and node.args and isinstance(node.args[0], ast.Constant)
+            if (_is_check_call(node) and isinstance(node.args[0], ast.Constant)
                     and EXERCISE_ID.match(str(node.args[0].value)) and not name.endswith(".ipynb")):
                 found.append(f"line {node.lineno}: checks an answer to {node.args[0].value}")
     return found
+
+
+def _is_check_call(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "check"
+            and bool(node.args))
 
 
 def test_the_answer_finder_finds_each_kind_of_answer():
@@ -74,3 +78,4 @@ def test_the_answer_finder_finds_each_kind_of_answer():
             "outputs": [{"output_type": "stream", "text": ["○ ch2-y: not attempted yet.\n"]}]}
     assert answers_in("n.ipynb", json.dumps({"cells": [stub]})) == []
     assert answers_in("t.py", 'pattern = r\'== "correct"\'') == []
+    assert answers_in("t.py", 'ok = verdict.value == "correct"') == []
