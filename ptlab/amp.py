@@ -1,11 +1,15 @@
-"""Mixed precision, measured: which dtype autocast gives each op, whether this CPU has native bf16, a side-by-side speed comparison of float32, bf16
-autocast and bf16 + channels_last training, and the FLOP a training step needs (for the fraction of the measured
-matmul peak it reaches). Introduced in chapter 6."""
+"""Mixed precision, measured: which dtype autocast gives each op, which kind of bf16 matmul kernel torch runs on
+this CPU (native, emulated by oneDNN, or torch's fallback) with the measured bf16/float32 peak as evidence, a
+side-by-side speed comparison of float32 and bf16 autocast training in both memory layouts, and the FLOP a
+training step needs (for the fraction of the measured matmul peak it reaches). Introduced in chapter 6."""
 from __future__ import annotations
 
 import copy
+import math
+import os
 import platform
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -38,9 +42,11 @@ def _step_fn(model: nn.Module, dtype: torch.dtype | None, channels_last: bool):
     return step
 
 
-# name: (autocast dtype or None for plain float32, whether the model and inputs are channels_last)
-VARIANTS = {"float32": (None, False), "bf16 autocast": (torch.bfloat16, False),
-            "bf16 + channels_last": (torch.bfloat16, True)}
+# name: (autocast dtype or None for plain float32, whether the model and inputs are channels_last).
+# Each layout has a float32 row, so a ratio within one layout shows what bf16 buys and the float32 rows
+# show what the layout alone buys.
+VARIANTS = {"float32": (None, False), "float32 + channels_last": (None, True),
+            "bf16 autocast": (torch.bfloat16, False), "bf16 + channels_last": (torch.bfloat16, True)}
 
 
 def variant_dtype(name: str) -> str:
@@ -53,7 +59,8 @@ def variant_dtype(name: str) -> str:
 
 def speed_comparison(make_model: Callable[[], nn.Module], batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                      warmup: int = 1, threads: int | None = 1) -> dict[str, float]:
-    """Training speed of one model as float32, bf16 autocast and bf16 + channels_last, in images per CPU-second.
+    """Training speed of one model in each of VARIANTS (float32 and bf16 autocast, each in the default NCHW layout
+    and in channels_last), in images per CPU-second.
 
     Each variant trains its own copy (`make_model()`) on the same batches. The variants take turns
     step by step (so load on the machine hits all alike), the first `warmup` steps are not timed, and
@@ -134,14 +141,15 @@ def format_speed_table(speeds: dict[str, float], accuracies: dict[str, float] | 
     if "float32" not in speeds:
         raise ValueError(f"speeds needs a 'float32' entry to compare with, got {list(speeds)}")
     base = speeds["float32"]
-    header = f"{'variant':<22}{'images/CPU-s':<14}{'x float32':<12}"
+    width = max(22, max(len(name) for name in speeds) + 2)
+    header = f"{'variant':<{width}}{'images/CPU-s':<14}{'x float32':<12}"
     if fractions:
         header += f"{'of its matmul peak':<20}"
     if accuracies:
         header += "accuracy"
     lines = [header.rstrip()]
     for name, ips in speeds.items():
-        row = f"{name:<22}{measured(ips, 3):<14}{measured(ips / base, 3):<12}"
+        row = f"{name:<{width}}{measured(ips, 3):<14}{measured(ips / base, 3):<12}"
         if fractions:
             row += f"{measured(fractions[name], 2) if name in fractions else '':<20}"
         if accuracies and name in accuracies:
@@ -150,30 +158,142 @@ def format_speed_table(speeds: dict[str, float], accuracies: dict[str, float] | 
     return "\n".join(lines)
 
 
-def native_bf16() -> bool:
-    """Whether this CPU does bf16 arithmetic in hardware (AVX-512 BF16 or AMX on x86, BF16 on ARM)."""
-    flags = ""
+# The three kinds of bf16 kernel torch runs for a matmul or a convolution on a CPU, and the band the measured
+# bf16/float32 matmul peak ratio (one thread, CPU time) falls in for each. The bands leave wide margins: measured
+# on AVX-512 with BF16 about 2.4 to 4, with oneDNN capped at AVX512_CORE_VNNI (AVX-512 without BF16) about
+# 0.43 to 0.54, without oneDNN's bf16 (AVX2 only) about 0.017 to 0.03.
+BF16_KINDS = ("native", "emulated", "fallback")
+BF16_PEAK_BANDS = {"native": (1.2, math.inf), "emulated": (0.2, 1.0), "fallback": (0.0, 0.2)}
+_BAND_TEXT = {"native": "above 1.2x", "emulated": "between 0.2x and 1x", "fallback": "below 0.2x"}
+
+# ONEDNN_MAX_CPU_ISA values that keep oneDNN below its bf16 instructions (AVX512_CORE_BF16 and up).
+_CAPS_WITHOUT_BF16_INSTRUCTIONS = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                                             "AVX512_CORE_VNNI"})
+_X86 = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+_ARM = frozenset({"arm64", "aarch64"})
+
+
+@dataclass(frozen=True)
+class Bf16Kind:
+    """Which bf16 kernels torch runs on this CPU, why, and the measured evidence.
+
+    kind: "native" (oneDNN with the CPU's bf16 instructions), "emulated" (oneDNN without them: it converts to
+    float32 inside its kernels) or "fallback" (no oneDNN bf16 here: torch's own, much slower kernels).
+    reason: what torch reported that decided it. peak_ratio: the measured bf16/float32 matmul peak (None when
+    not measured); `agrees` says whether it lies in the band the kind predicts (BF16_PEAK_BANDS).
+    """
+
+    kind: str
+    reason: str
+    peak_ratio: float | None = None
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """(low, high): where the bf16/float32 matmul peak ratio lies for this kind."""
+        return BF16_PEAK_BANDS[self.kind]
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether the measured peak ratio lies in this kind's band (None when nothing was measured)."""
+        if self.peak_ratio is None:
+            return None
+        low, high = self.band
+        return low < self.peak_ratio < high
+
+    @property
+    def expected(self) -> str:
+        """The band as text, e.g. 'below 0.2x'."""
+        return _BAND_TEXT[self.kind]
+
+    def __str__(self) -> str:
+        text = f"{self.kind} bf16 kernels: {self.reason}"
+        if self.peak_ratio is not None:
+            text += (f"; measured bf16/float32 matmul peak {measured(self.peak_ratio, 3)}x "
+                     f"(expected {self.expected} for {self.kind} kernels)")
+        return text
+
+
+def classify_bf16_kernels(*, machine: str, onednn: bool, onednn_bf16: bool, bf16_instructions: bool,
+                          arm_compute_library: bool = False, isa_cap: str = "") -> tuple[str, str]:
+    """(kind, reason) from what torch reports; bf16_matmul_kind gathers these facts and measures.
+
+    machine: platform.machine(); onednn: torch has oneDNN and it is switched on; onednn_bf16: oneDNN has bf16
+    kernels for this CPU under the ISA cap (torch.ops.mkldnn._is_mkldnn_bf16_supported); bf16_instructions: the
+    CPU has AVX512_BF16 or AMX (x86); arm_compute_library: torch's oneDNN uses ACL (Arm); isa_cap: the value of
+    ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), '' when unset. ATEN_CPU_CAPABILITY plays no part: it picks ATen's
+    own vector kernels, not oneDNN's.
+    """
+    machine, cap = machine.lower(), isa_cap.strip().upper()
+    capped = f" with ONEDNN_MAX_CPU_ISA={cap}" if cap else ""
+    if not onednn:
+        return "fallback", "torch's oneDNN is missing or switched off (torch.backends.mkldnn), so torch's own bf16 kernels run"
+    if machine in _X86:
+        if not onednn_bf16:
+            return "fallback", (f"oneDNN has no bf16 kernels on this CPU{capped}, so torch's own bf16 kernels run "
+                                "(oneDNN's need AVX-512, or AVX2 with AVX-NE-CONVERT)")
+        if bf16_instructions and cap in _CAPS_WITHOUT_BF16_INSTRUCTIONS:
+            return "emulated", (f"this CPU has bf16 instructions, but ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN below "
+                                "them: its kernels convert bf16 to float32")
+        if bf16_instructions:
+            return "native", "oneDNN runs bf16 with this CPU's bf16 instructions (AVX512_BF16 or AMX)"
+        return "emulated", ("this CPU has no bf16 instructions (AVX512_BF16 or AMX): oneDNN's kernels convert bf16 "
+                            "to float32")
+    if machine in _ARM:
+        if onednn_bf16 and arm_compute_library:
+            return "native", "oneDNN with the Arm Compute Library runs bf16 with this CPU's BF16 instructions"
+        missing = "this CPU has no BF16 instructions" if not onednn_bf16 else "this torch has no Arm Compute Library"
+        return "fallback", f"{missing}, so torch's own bf16 kernels run"
+    return "fallback", f"on {machine or 'this machine'} torch's own bf16 kernels run"
+
+
+def _bf16_facts() -> dict[str, object]:
+    """What torch and the environment report about the bf16 kernels (classify_bf16_kernels' arguments)."""
+    onednn = bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            flags = " ".join(line for line in cpuinfo if line.startswith(("flags", "Features")))
-    except OSError:  # macOS, Windows: no /proc; Apple silicon from M2 on has BF16
-        return platform.system() == "Darwin" and platform.machine() == "arm64" and "M1" not in platform.processor()
-    capability = torch.backends.cpu.get_cpu_capability()
-    x86 = ("avx512_bf16" in flags or "amx_bf16" in flags) and capability.startswith("AVX512")
-    return x86 or " bf16" in f" {flags}"
+        onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):      # a build without the op: oneDNN's bf16 starts at AVX-512
+        onednn_bf16 = onednn and bool(getattr(torch.cpu, "_is_avx512_supported", lambda: False)())
+    cpu = torch.cpu
+    bf16_instructions = bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                             or getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+    acl = getattr(torch._C, "_has_mkldnn_acl", False)
+    return {"machine": platform.machine(), "onednn": onednn, "onednn_bf16": onednn_bf16,
+            "bf16_instructions": bf16_instructions, "arm_compute_library": bool(acl() if callable(acl) else acl),
+            "isa_cap": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""}
+
+
+def bf16_matmul_kind(peaks: dict[str, float] | None = None, measure: bool = True) -> Bf16Kind:
+    """Which bf16 kernels torch runs for matmuls and convolutions on this CPU: "native", "emulated" or "fallback".
+
+    The kind comes from what torch reports (oneDNN's bf16 support under ONEDNN_MAX_CPU_ISA, the CPU's bf16
+    instructions; ATEN_CPU_CAPABILITY does not choose these kernels). The evidence is the bf16/float32 matmul
+    peak ratio: from `peaks` (ptlab.timing.matmul_flops' result) when given, else measured once on one thread
+    (about a second) unless measure=False. `.agrees` says whether the ratio lies in the kind's band.
+    """
+    kind, reason = classify_bf16_kernels(**_bf16_facts())
+    if peaks is None and measure:
+        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)
+    ratio = peaks["bfloat16"] / peaks["float32"] if peaks is not None else None
+    return Bf16Kind(kind, reason, ratio)
+
+
+def native_bf16() -> bool:
+    """Whether torch runs bf16 matmuls natively here (bf16_matmul_kind(measure=False).kind == "native")."""
+    return bf16_matmul_kind(measure=False).kind == "native"
 
 
 def speed_report(width: int = 24) -> str:
-    """The speed table `make bench` prints for the chapter-4 SmallCNN: images per CPU-second in float32, bf16 autocast
-    and bf16 + channels_last, the ratio to float32 and the fraction of each dtype's measured matmul peak,
-    all on one thread (see ptlab.amp.speed_comparison).
+    """The speed table `make bench` prints for the chapter-4 SmallCNN: images per CPU-second in each of VARIANTS,
+    the ratio to float32 and the fraction of each dtype's measured matmul peak, all on one thread (see
+    ptlab.amp.speed_comparison), under a line that says which bf16 kernels ran (bf16_matmul_kind).
 
-    A few seconds (fewer batches where bf16 is emulated). Any failure gives one 'skipped' line instead:
-    the notebooks' verdicts above stand either way.
+    A few seconds (fewer batches where torch falls back to its own bf16 kernels). Any failure gives one
+    'skipped' line instead: the notebooks' verdicts above stand either way.
     """
     try:
-        native = native_bf16()
-        n_batches, batch_size = (5, 64) if native else (3, 32)   # the first batch warms up, untimed
+        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
+        bf16 = bf16_matmul_kind(peaks)
+        n_batches, batch_size = (3, 32) if bf16.kind == "fallback" else (5, 64)  # the first batch warms up, untimed
         X, y = to_float_tensors(train=True)                      # (N, 3, 32, 32), (N,)
         batches = [(X[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
                    for i in range(n_batches)]
@@ -183,17 +303,15 @@ def speed_report(width: int = 24) -> str:
             return SmallCNN(width=width)
 
         speeds = speed_comparison(make_model, batches)
-        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
         fractions = peak_fractions(speeds, training_step_flops(make_model()), peaks)
     except Exception as err:  # the table is information, not a verdict: say why it is missing
         return f"mixed-precision speed table skipped: {type(err).__name__}: {err}"
     peak_text = ", ".join(f"{name} {flops / 1e9:.3g}" for name, flops in peaks.items())
     return "\n".join([
-        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread, "
-        f"{'native' if native else 'NO native (emulated)'} bf16 on this CPU",
+        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread; "
+        f"{bf16.kind} bf16 kernels: {bf16.reason}",
         f"matmul peak, GFLOP per CPU-second: {peak_text}",
         format_speed_table(speeds, fractions=fractions)])
-
 
 
 def op_dtypes(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, str, str]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ptlab.amp import native_bf16
+from ptlab.amp import bf16_matmul_kind
 from ptlab.compiling import quiet_compile_logs
 from ptlab.core import choose_device
 from ptlab.data import DATASET_FILE, verify_dataset
@@ -68,10 +68,24 @@ def _bf16_autocast(device: torch.device) -> Check:
                      required=False, fix="chapter 6 (mixed precision) then compares float32 only")
 
 
+_BF16_CONSEQUENCE = {"native": "bf16 autocast can speed training up here",
+                     "emulated": "bf16 autocast is slower than float32 here",
+                     "fallback": "bf16 autocast is many times slower than float32 here"}
+
+
 def _cpu_instructions() -> Check:
+    """ATen's kernels, and which bf16 kernels torch runs (ptlab.amp.bf16_matmul_kind, measured once)."""
     capability = torch.backends.cpu.get_cpu_capability()
-    bf16 = "native bf16" if native_bf16() else "no native bf16 (bf16 autocast is slower than float32 here)"
-    return Check("CPU instructions", f"{capability} kernels, {bf16}", required=False)
+    try:
+        bf16 = bf16_matmul_kind()
+    except Exception as err:  # the measurement is information: say why it is missing
+        return Check("CPU instructions", f"{capability} kernels; bf16 kernels not measured: {type(err).__name__}: "
+                                         f"{err}", ok=False, required=False)
+    finding = (f"{capability} kernels; {bf16.kind} bf16 kernels: {_BF16_CONSEQUENCE[bf16.kind]}. Why: {bf16.reason}. "
+               f"Measured bf16/float32 matmul peak: {bf16.peak_ratio:.2g}x")
+    return Check("CPU instructions", finding, ok=bool(bf16.agrees), required=False,
+                 fix=f"chapter 6 expects a ratio {bf16.expected} for {bf16.kind} kernels: rerun make doctor on an idle "
+                     "machine; if it persists, report this line (a course bug)")
 
 
 INDUCTOR_COMPILER = "C++ compiler (torch.compile on CPU)"

@@ -1,48 +1,93 @@
-"""Chapter 6 exercises: right answers accepted, typical wrong ones rejected with the hint that names the fault."""
+"""Chapter 6 exercises: right answers accepted, typical wrong ones rejected with the message that names the fault."""
+import pytest
 import torch
 from torch import nn
 
 from ptlab import check
 
-
-def _amp_step(model, opt, scaler, X, y, max_norm):
-    opt.zero_grad()
-    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
-        loss = nn.functional.mse_loss(model(X).float(), y)
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(opt)
-    scaler.update()
-    return loss
+F = nn.functional
 
 
-def _no_unscale(model, opt, scaler, X, y, max_norm):
-    opt.zero_grad()
-    with torch.amp.autocast("cpu", dtype=torch.bfloat16):
-        loss = nn.functional.mse_loss(model(X).float(), y)
-    scaler.scale(loss).backward()
-    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(opt)
-    scaler.update()
-    return loss
+def _make_step(zero_grad="start", autocast_dtype=torch.float16, loss_fn=F.mse_loss, unscale=True, clip=True,
+               step="scaler", update=True, returned="loss"):
+    """An amp_step with one thing changed from the right answer (the defaults are the right answer)."""
+
+    def amp_step(model, opt, scaler, X, y, max_norm):
+        if zero_grad == "start":
+            opt.zero_grad()
+        with torch.amp.autocast("cpu", dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
+            loss = loss_fn(model(X), y)
+        scaled = scaler.scale(loss)
+        scaled.backward()
+        if unscale:
+            scaler.unscale_(opt)
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if step == "scaler":
+            scaler.step(opt)
+        else:
+            opt.step()
+        for _ in range({True: 1, False: 0, "twice": 2}[update]):
+            scaler.update()
+        if zero_grad == "end":
+            opt.zero_grad()
+        return scaled if returned == "scaled" else loss
+
+    return amp_step
 
 
-def _no_update(model, opt, scaler, X, y, max_norm):
-    opt.zero_grad()
-    scaler.scale(nn.functional.mse_loss(model(X), y)).backward()
-    scaler.step(opt)
-    return torch.tensor(0.0)
-
-
-def test_amp_step_exercise(capsys):
+def test_amp_step_accepts_the_right_answers(capsys):
     assert check("ch6-amp-step", ...) == "not attempted"
-    assert check("ch6-amp-step", _amp_step) == "correct"
-    assert check("ch6-amp-step", _no_unscale) == "wrong"
-    assert check("ch6-amp-step", _no_update) == "wrong"
-    assert "update()" in capsys.readouterr().out
+    assert check("ch6-amp-step", _make_step()) == "correct"
+
+    def with_float_output(model, opt, scaler, X, y, max_norm):     # model(X).float() and set_to_none spelled out
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(X).float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    assert check("ch6-amp-step", with_float_output) == "correct"
 
 
-def test_fp32_accumulator_exercise():
+@pytest.mark.parametrize("mistake, message", [
+    (dict(zero_grad=None), "a gradient left in .grad from before your step"),
+    (dict(zero_grad="end"), "a gradient left in .grad from before your step"),
+    (dict(unscale=False), "clip_grad_norm_ measured the scaled gradients"),
+    (dict(clip=False), "the update was not clipped to max_norm"),
+    (dict(update=False), "scaler.update() is missing"),
+    (dict(update="twice"), "call it once per step, after scaler.step(opt)"),
+    (dict(step="optimizer"), "which call skips a step whose gradients hold inf or NaN?"),
+    (dict(step="optimizer", unscale=False), "scaler.update() found no inf/NaN checks"),
+    (dict(autocast_dtype=torch.bfloat16), "autocast ran in torch.bfloat16: the task asks for torch.float16"),
+    (dict(autocast_dtype=None), "model(X) ran without autocast"),
+    (dict(returned="scaled"), "you returned the scaled loss"),
+    (dict(loss_fn=F.l1_loss), "the task asks for F.mse_loss(model(X), y)"),
+    (dict(loss_fn=F.cross_entropy), "the task asks for F.mse_loss(model(X), y)"),
+])
+def test_amp_step_rejects_each_mistake_with_its_own_message(capsys, mistake, message):
+    assert check("ch6-amp-step", _make_step(**mistake)) == "wrong"
+    out = capsys.readouterr().out
+    assert message in out, out
+    assert "could not use your answer" not in out
+
+
+def test_fp32_accumulator_exercise(capsys):
+    assert check("ch6-fp32-accumulator", ...) == "not attempted"
     assert check("ch6-fp32-accumulator", lambda v: v.float().sum()) == "correct"
+    assert check("ch6-fp32-accumulator", lambda v: v.sum(dtype=torch.float32)) == "correct"
+    capsys.readouterr()
     assert check("ch6-fp32-accumulator", lambda v: v.sum()) == "wrong"
+    assert "only multiples of 4" in capsys.readouterr().out
+    assert check("ch6-fp32-accumulator", lambda v: v.sum().float()) == "wrong"
+    assert "the bfloat16 total converted afterwards" in capsys.readouterr().out
+
+
+def test_bfloat16_spacing_the_messages_state():
+    """Between 512 and 1024 bfloat16 values are 4 apart (8 significant bits), from 1024 on 8 apart."""
+    assert torch.tensor(1004.0).bfloat16().item() == 1004.0 and torch.tensor(1002.0).bfloat16().item() == 1000.0
+    assert torch.tensor(1028.0).bfloat16().item() == 1024.0

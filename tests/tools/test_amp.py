@@ -1,4 +1,6 @@
 """Chapter 6: mixed precision helpers, pitfalls and exercises."""
+import platform
+
 import pytest
 import torch
 from torch import nn
@@ -84,10 +86,12 @@ def test_training_step_flops_matches_a_count_from_the_layer_shapes():
 def test_peak_fractions_divide_the_step_rate_by_its_dtype_peak():
     from ptlab.amp import peak_fractions, variant_dtype
 
-    speeds = {"float32": 100.0, "bf16 autocast": 200.0, "bf16 + channels_last": 400.0}
+    speeds = {"float32": 100.0, "float32 + channels_last": 150.0, "bf16 autocast": 200.0, "bf16 + channels_last": 400.0}
     fractions = peak_fractions(speeds, 1e6, {"float32": 1e9, "bfloat16": 4e9})
-    assert fractions == {"float32": 0.1, "bf16 autocast": 0.05, "bf16 + channels_last": 0.1}
+    assert fractions == {"float32": 0.1, "float32 + channels_last": 0.15, "bf16 autocast": 0.05,
+                         "bf16 + channels_last": 0.1}
     assert variant_dtype("bf16 + channels_last") == "bfloat16" and variant_dtype("float32") == "float32"
+    assert variant_dtype("float32 + channels_last") == "float32"
     with pytest.raises(ValueError, match="bfloat16"):
         peak_fractions(speeds, 1e6, {"float32": 1e9})
     with pytest.raises(ValueError, match="unknown variant"):
@@ -114,5 +118,149 @@ def test_speed_comparison_returns_three_positive_speeds():
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(4, 3, 16, 16, generator=g), torch.tensor([0, 1, 2, 3])) for _ in range(2)]
     speeds = speed_comparison(lambda: SmallCNN(width=4), batches)
-    assert list(speeds) == ["float32", "bf16 autocast", "bf16 + channels_last"]
+    assert list(speeds) == ["float32", "float32 + channels_last", "bf16 autocast", "bf16 + channels_last"]
     assert all(v > 0 for v in speeds.values())
+
+
+def test_speed_table_widens_its_first_column_for_the_longest_variant():
+    text = format_speed_table({"float32": 100.0, "float32 + channels_last": 150.0})
+    header, fp32, fp32_cl = text.splitlines()
+    assert header.index("images/CPU-s") == fp32.index("≈100") == fp32_cl.index("≈150") == 25
+
+
+# --- which bf16 kernels run: bf16_matmul_kind ---------------------------------------------------------------
+
+X86_NATIVE = dict(machine="x86_64", onednn=True, onednn_bf16=True, bf16_instructions=True)
+
+
+@pytest.mark.parametrize("facts, kind", [
+    (X86_NATIVE, "native"),                                                        # Zen 4, Sapphire Rapids
+    ({**X86_NATIVE, "isa_cap": "avx512_core_bf16"}, "native"),                     # a cap at or above bf16
+    ({**X86_NATIVE, "isa_cap": "AVX10_1_512_AMX"}, "native"),
+    ({**X86_NATIVE, "isa_cap": "AVX512_CORE_VNNI"}, "emulated"),                   # capped below the instructions
+    ({**X86_NATIVE, "bf16_instructions": False}, "emulated"),                      # Skylake-SP .. Ice Lake-SP
+    ({**X86_NATIVE, "onednn_bf16": False, "bf16_instructions": False}, "fallback"),  # AVX2 only
+    ({**X86_NATIVE, "onednn_bf16": False, "isa_cap": "AVX2"}, "fallback"),         # oneDNN capped at AVX2
+    ({**X86_NATIVE, "onednn": False}, "fallback"),                                 # torch.backends.mkldnn off
+    ({**X86_NATIVE, "machine": "AMD64"}, "native"),                                # Windows' name for x86-64
+    (dict(machine="aarch64", onednn=True, onednn_bf16=True, bf16_instructions=False, arm_compute_library=True),
+     "native"),                                                                    # Graviton 3 on Linux
+    (dict(machine="arm64", onednn=True, onednn_bf16=False, bf16_instructions=False), "fallback"),   # Apple M1
+    (dict(machine="arm64", onednn=True, onednn_bf16=True, bf16_instructions=False), "fallback"),    # M2+: no ACL
+    (dict(machine="ppc64le", onednn=True, onednn_bf16=False, bf16_instructions=False), "fallback"),
+])
+def test_classify_bf16_kernels_from_what_torch_reports(facts, kind):
+    from ptlab.amp import BF16_KINDS, classify_bf16_kernels
+
+    got, reason = classify_bf16_kernels(**facts)
+    assert got == kind and got in BF16_KINDS and reason
+    if facts.get("isa_cap") == "AVX512_CORE_VNNI":
+        assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI" in reason
+
+
+def test_bf16_kind_band_and_agreement():
+    from ptlab.amp import Bf16Kind
+
+    assert Bf16Kind("native", "r", 2.4).agrees and not Bf16Kind("native", "r", 0.5).agrees
+    assert Bf16Kind("emulated", "r", 0.45).agrees and not Bf16Kind("emulated", "r", 0.02).agrees
+    assert Bf16Kind("fallback", "r", 0.02).agrees and not Bf16Kind("fallback", "r", 0.45).agrees
+    assert Bf16Kind("fallback", "r").agrees is None
+    assert "expected below 0.2x for fallback kernels" in str(Bf16Kind("fallback", "reason", 0.0166))
+    assert "≈0.0166x" in str(Bf16Kind("fallback", "reason", 0.0166))
+
+
+def _mock_torch_reports(monkeypatch, *, machine, system, processor, onednn_bf16, avx512_bf16=False, amx=False,
+                        acl=False):
+    """The platform and torch's answers as they are on another OS, and no /proc/cpuinfo to read."""
+    import builtins
+    import platform
+
+    real_open = builtins.open
+
+    def no_proc(path, *args, **kwargs):
+        if str(path).startswith("/proc"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(platform, "system", lambda: system)
+    monkeypatch.setattr(platform, "processor", lambda: processor)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch._C, "_has_mkldnn_acl", acl)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+
+@pytest.mark.parametrize("os_facts, kind", [
+    (dict(machine="AMD64", system="Windows", processor="AMD64 Family 25 Model 97", onednn_bf16=True,
+          avx512_bf16=True), "native"),                                            # Zen 4 on Windows
+    (dict(machine="AMD64", system="Windows", processor="Intel64 Family 6 Model 85", onednn_bf16=True),
+     "emulated"),                                                                  # Cascade Lake on Windows
+    (dict(machine="AMD64", system="Windows", processor="Intel64 Family 6 Model 154", onednn_bf16=False),
+     "fallback"),                                                                  # AVX2-only laptop on Windows
+    (dict(machine="arm64", system="Darwin", processor="arm", onednn_bf16=False), "fallback"),  # Apple M1
+    (dict(machine="arm64", system="Darwin", processor="arm", onednn_bf16=True), "fallback"),   # Apple M2 and later
+])
+def test_bf16_matmul_kind_on_windows_and_macos_reads_torch_not_proc(monkeypatch, os_facts, kind):
+    from ptlab.amp import bf16_matmul_kind, native_bf16
+
+    _mock_torch_reports(monkeypatch, **os_facts)
+    found = bf16_matmul_kind(peaks={"float32": 100e9, "bfloat16": 2e9})
+    assert found.kind == kind and found.peak_ratio == 0.02
+    assert native_bf16() is (kind == "native")
+
+
+# Each environment of the course's configurations, and what it must give on this CPU.
+OVERRIDES = {"defaults": {}, "ATEN_CPU_CAPABILITY=avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+             "ONEDNN_MAX_CPU_ISA=AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+             "ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}}
+_PROBE = """
+import json, torch
+from ptlab.amp import bf16_matmul_kind
+from ptlab.timing import matmul_flops
+found = bf16_matmul_kind(peaks=matmul_flops((torch.float32, torch.bfloat16), min_seconds=0.02, threads=1))
+print(json.dumps({"kind": found.kind, "agrees": found.agrees, "ratio": found.peak_ratio, "reason": found.reason}))
+"""
+
+
+def _expected_kind(override: str) -> str:
+    """From the CPU's own features: ATen's capability never changes the kind, a oneDNN cap can lower it."""
+    avx512 = torch.cpu._is_avx512_supported()
+    bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    if override == "ONEDNN_MAX_CPU_ISA=AVX2" or not avx512:
+        return "fallback"
+    if override == "ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI" or not bf16:
+        return "emulated"
+    return "native"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the overrides are x86 ones")
+@pytest.mark.parametrize("override", OVERRIDES)
+def test_bf16_matmul_kind_under_each_override_matches_the_measured_peak(override):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")}
+    done = subprocess.run([sys.executable, "-c", _PROBE], env={**env, **OVERRIDES[override]}, capture_output=True,
+                          text=True, timeout=300, check=True)
+    found = json.loads(done.stdout)
+    assert found["kind"] == _expected_kind(override), found
+    assert found["agrees"], found          # the measured bf16/float32 peak lies in the kind's band
+
+
+def test_fp16_against_fp32_trains_both_runs_from_the_same_start():
+    from ptlab.lessons.ch06_amp.demos import fp16_against_fp32
+
+    runs = fp16_against_fp32("cpu", steps=4, batch_size=8, width=4, warmup=1)
+    fp32, fp16 = runs["float32"], runs["float16 autocast + GradScaler"]
+    assert abs(fp32["first loss"] - fp16["first loss"]) < 1e-2      # same weights, same first batch
+    assert fp16["skipped steps"] == 0.0 and fp32["parameters float32"] and fp16["parameters float32"]
+    assert fp32["images per second"] > 0 and fp16["images per second"] > 0
+    with pytest.raises(ValueError, match="warmup"):
+        fp16_against_fp32("cpu", steps=2, warmup=2)

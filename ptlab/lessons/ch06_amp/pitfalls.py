@@ -1,7 +1,13 @@
-"""Chapter 6 pitfalls: mixed precision with torch.amp (autocast and GradScaler)."""
+"""Chapter 6 pitfalls: mixed precision with torch.amp (autocast and GradScaler).
+
+The GradScaler pitfalls train under float16 autocast: float16 is the dtype that needs a scaler (bfloat16 has
+float32's range and needs none), and float16 autocast runs on the CPU too.
+"""
 from __future__ import annotations
 
+import re
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -18,6 +24,13 @@ def _batch(seed: int = 0, n: int = 64, features: int = 8):
     return X, y
 
 
+@dataclass(frozen=True)
+class OutcomeWithTexts(Outcome):
+    """An Outcome that keeps long texts (a warning in full) out of the side-by-side table: `outcome.texts`."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+
+
 def _steps_until_error(step, n_steps: int) -> tuple[int, str]:
     """Run step() n_steps times; return how many completed and the first error as 'Type: message'."""
     for done in range(n_steps):
@@ -28,14 +41,17 @@ def _steps_until_error(step, n_steps: int) -> tuple[int, str]:
     return n_steps, "none"
 
 
+FORGOTTEN_UPDATE_ERROR = "RuntimeError: step() has already been called since the last update()."
+
+
 @pitfall(
     id="scaler-update-forgotten", chapter=6,
     title="Forgetting scaler.update() raises on the next step (the scale does not silently grow)",
     symptom="the 2nd scaler.step() raises RuntimeError 'step() has already been called since the last "
-            "update().'; 1 of 3 steps completes",
+            "update().'; 1 of 3 steps completes, and the scale stays where it started",
     why="""`GradScaler.step()` records that it ran for this optimizer; `update()` adjusts the scale and
     clears that record. Without `update()`, the next `step()` finds the record and refuses. The scale
-    never changes either: it neither grows nor shrinks without `update()`.""",
+    never changes either: only `update()` writes it, so it neither grows nor shrinks without it.""",
     catch="""Each iteration: `scaler.scale(loss).backward()`, `scaler.step(optimizer)`, `scaler.update()`.
     `ptlab.train.fit(..., scaler=...)` does exactly this.""",
 )
@@ -44,11 +60,11 @@ def scaler_update_forgotten(buggy: bool) -> Outcome:
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)  # x2 after every clean step
 
     def step():
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(X).float(), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -58,11 +74,15 @@ def scaler_update_forgotten(buggy: bool) -> Outcome:
 
     done, error = _steps_until_error(step, 3)
     return Outcome(
-        figures={"steps completed, of 3": done, "error": error, "scale": str(scaler.get_scale())},
-        checks=[Check("error raised", error,
-                      "contains 'RuntimeError: step() has already been called since the last update().'"),
+        figures={"steps completed, of 3": done, "error": error, "scale after the run (started at 1024)":
+                 str(scaler.get_scale())},
+        checks=[Check("the 2nd step() raised RuntimeError 'step() has already been called since the last update()'",
+                      error == FORGOTTEN_UPDATE_ERROR, "is True"),
                 Check("steps completed, of 3", done, "== 1")],
     )
+
+
+UPDATE_BEFORE_STEP_ERROR = "AssertionError: No inf checks were recorded prior to update."
 
 
 @pitfall(
@@ -84,7 +104,7 @@ def scaler_update_before_step(buggy: bool) -> Outcome:
 
     def step():
         opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.float16):
             loss = nn.functional.mse_loss(model(X).float(), y)
         scaler.scale(loss).backward()
         if buggy:
@@ -97,8 +117,8 @@ def scaler_update_before_step(buggy: bool) -> Outcome:
     done, error = _steps_until_error(step, 3)
     return Outcome(
         figures={"steps completed, of 3": done, "error": error},
-        checks=[Check("error raised", error,
-                      "contains 'AssertionError: No inf checks were recorded prior to update.'"),
+        checks=[Check("update() raised AssertionError 'No inf checks were recorded prior to update'",
+                      error == UPDATE_BEFORE_STEP_ERROR, "is True"),
                 Check("steps completed, of 3", done, "== 0")],
     )
 
@@ -106,23 +126,25 @@ def scaler_update_before_step(buggy: bool) -> Outcome:
 @pitfall(
     id="clip-without-unscale", chapter=6,
     title="Gradient clipping without scaler.unscale_() clips the scaled gradients",
-    symptom="clip_grad_norm_ sees a norm more than 10,000x the true one, and the applied update is "
-            "less than 1/10,000 of max_norm * lr",
-    why="""After `scaler.scale(loss).backward()` every `.grad` is multiplied by the scale (65536 by
-    default). `clip_grad_norm_` then measures that scaled norm and shrinks the gradients to `max_norm`
-    in scaled units; `scaler.step()` divides by the scale afterwards, so the update is scale-times
-    smaller than intended. Nothing raises.""",
+    symptom="clip_grad_norm_ sees a norm more than 1,000x the true one (the scale is 4096), and the applied "
+            "update is less than 1/1,000 of max_norm * lr",
+    why="""After `scaler.scale(loss).backward()` every `.grad` is multiplied by the scale (4096 here, a
+    scale at which these float16 gradients do not overflow; 65536 by default). `clip_grad_norm_` then measures that scaled norm and shrinks the gradients to `max_norm`
+    in scaled units; `scaler.step()` divides by the scale afterwards. Here the true norm (about 4.5) is
+    above `max_norm` (1), so clipping should act anyway and the update comes out scale-times smaller
+    than intended; with a true norm below `max_norm` it comes out scale * norm / max_norm times smaller.
+    Nothing raises.""",
     catch="""Call `scaler.unscale_(optimizer)` before clipping (then `scaler.step()` does not unscale
-    again). Log the norm `clip_grad_norm_` returns: a value near 65536x a plausible norm is this bug.""",
+    again). Log the norm `clip_grad_norm_` returns: a value near the scale times a plausible norm is this bug.""",
 )
 def clip_without_unscale(buggy: bool) -> Outcome:
     X, y = _batch()
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler("cpu", init_scale=4096.0)   # 65536 would overflow these float16 gradients
     max_norm = 1.0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.float16):
         loss = nn.functional.mse_loss(model(X).float(), y)
     true_norm = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()),
                                                                      retain_graph=True)]).norm().item()
@@ -137,8 +159,8 @@ def clip_without_unscale(buggy: bool) -> Outcome:
     return Outcome(
         figures={"true grad norm": true_norm, "norm seen by clip_grad_norm_": seen,
                  "applied update norm": update, "max_norm * lr": "1.0"},
-        checks=[Check("norm seen / true norm", seen / true_norm, "> 1e4"),
-                Check("applied update / (max_norm * lr)", update / max_norm, "< 1e-4")],
+        checks=[Check("norm seen / true norm", seen / true_norm, "> 1e3"),
+                Check("applied update / (max_norm * lr)", update / max_norm, "< 1e-3")],
     )
 
 
@@ -173,8 +195,10 @@ def fp16_without_scaler(buggy: bool) -> Outcome:
     nn.functional.mse_loss(reference(X), y).backward()     # the float32 gradients
     model = _near_converged_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", enabled=not buggy)  # BUG: enabled=False: no scaling
-    # FIX: enabled=True: loss * 65536 before backward, grads / 65536 after (in scaler.unscale_)
+    if buggy:
+        scaler = torch.amp.GradScaler("cpu", enabled=False)  # BUG: no scaling: small grads round to 0
+    else:
+        scaler = torch.amp.GradScaler("cpu")               # FIX: loss x 65536 before backward, / 65536 after
     with torch.autocast("cpu", dtype=torch.float16):
         out = model(X)                                     # (1024, 1) float16
     scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
@@ -217,12 +241,15 @@ def deprecated_amp_spelling(buggy: bool) -> Outcome:
             with torch.amp.autocast("cpu", dtype=torch.bfloat16):  # FIX: same API for cpu and cuda
                 out = model(X)
     future = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
-    text = " | ".join(future) if future else "none"
-    return Outcome(
-        figures={"deprecation warnings": len(future), "warnings": text, "output dtype": str(out.dtype),
-                 "scaler enabled": scaler.is_enabled()},
+    named = re.findall(r"Please use `(torch\.amp\.\w+)\('(\w+)'", " ".join(future))   # [(name, device), ...]
+    return OutcomeWithTexts(
+        figures={"deprecation warnings": len(future),
+                 "replacements they name": ", ".join(f"{name}('{device}')" for name, device in named) or "none",
+                 "output dtype": str(out.dtype), "scaler enabled": scaler.is_enabled()},
         checks=[Check("deprecation warnings raised", len(future), "== 2"),
-                Check("warning text", text, "contains \"Please use `torch.amp.autocast('cpu', args...)`\"")],
+                Check("a warning names torch.amp.autocast('cpu') as the replacement",
+                      ("torch.amp.autocast", "cpu") in named, "is True")],
+        texts={"warnings": "\n".join(future) or "none"},
     )
 
 
@@ -232,10 +259,11 @@ def deprecated_amp_spelling(buggy: bool) -> Outcome:
     symptom="the loss is torch.float16, and more than half of the weights whose gradient is non-zero are "
             "unchanged after an SGD step",
     why="""`.half()` converts every parameter and buffer (BatchNorm's running statistics too) to float16,
-    so the loss and the optimizer's arithmetic are float16 as well. float16 has 10 mantissa bits: a
-    weight of 0.1 cannot change by less than about 3e-5, so `lr * grad` below that is rounded away and
-    the weight never moves. autocast keeps float32 parameters (master weights) and casts per op: matmuls
-    and convolutions run in low precision, losses and normalisations in float32.""",
+    so the loss and the optimizer's arithmetic are float16 as well. float16 has 10 stored mantissa bits:
+    next to a weight of 0.1 its values are 6.1e-5 apart, so an update `lr * grad` smaller than half of
+    that (about 3e-5) rounds back to 0.1 and the weight never moves. autocast keeps float32 parameters
+    (master weights) and casts per op: matmuls and convolutions run in low precision and the losses in
+    float32; on the CPU, BatchNorm's output stays low precision too, while its statistics stay float32.""",
     catch="""Keep the model in float32 and wrap the forward pass in `torch.amp.autocast(device, dtype)`.
     Check `next(model.parameters()).dtype` is float32 and `loss.dtype` is float32.""",
 )
@@ -259,7 +287,7 @@ def manual_half_vs_autocast(buggy: bool) -> Outcome:
     unchanged = ((weight.detach() == before) & moving).sum().item() / moving.sum().item()
     return Outcome(
         figures={"loss dtype": str(loss.dtype), "parameter dtype": str(weight.dtype),
-                 "fraction of weights unchanged by the step": unchanged},
-        checks=[Check("loss dtype", str(loss.dtype), "== 'torch.float16'"),
+                 "fraction of weights with non-zero grad left unchanged": unchanged},
+        checks=[Check("the loss is float16", loss.dtype == torch.float16, "is True"),
                 Check("fraction of weights with non-zero grad left unchanged", unchanged, "> 0.5")],
     )
