@@ -69,9 +69,10 @@ test-browser: check-setup $(READY)
 	@test -x "$${PTLAB_CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser: no chromium at $${PTLAB_CHROMIUM:-/usr/bin/chromium}; install it: sudo apt-get install -y chromium" >&2; exit 1; }
 	$(PY) -m pytest tests/browser -m browser -p no:cacheprovider -v
 
-# Outputs are regenerated on the CPU (a GPU would print its name in error messages and reprs).
+# Outputs are regenerated on the CPU (a GPU would print its name in error messages and reprs): the
+# command starts every kernel with PTLAB_DEVICE=cpu and CUDA_VISIBLE_DEVICES="" (ptlab.course.nbrun.CPU_ONLY_ENV).
 notebooks: check-setup $(READY)
-	PTLAB_DEVICE=cpu $(PY) -m ptlab notebooks notebooks
+	$(PY) -m ptlab notebooks notebooks
 
 # The doctor's one-line torch.compile builds Inductor's C++ header for this CPU capability first, as
 # a prepared laptop has it: chapter 8's first compile is then measured warm.

@@ -314,19 +314,38 @@ def speed_report(width: int = 24) -> str:
         format_speed_table(speeds, fractions=fractions)])
 
 
-def op_dtypes(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, str, str]]:
-    """Run common ops under autocast and return (op, input dtype, output dtype) for each.
+def _device_available(device: torch.device) -> bool:
+    """Whether this machine can make tensors on device's type (the CPU always can)."""
+    if device.type == "cpu":
+        return True
+    if device.type == "mps":
+        return torch.backends.mps.is_available()
+    module = getattr(torch, device.type, None)                # torch.cuda, torch.xpu, ...
+    return bool(getattr(module, "is_available", lambda: False)())
 
+
+def op_dtypes(device_type: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.bfloat16) -> list[tuple[str, str, str]]:
+    """Run common ops under autocast on `device_type` and return (op, input dtype, output dtype) for each.
+
+    The inputs and the convolution are made on that device (the same values everywhere: drawn on the
+    CPU, then moved), so the table is the policy of that device's autocast. A device this machine
+    does not have is a RuntimeError, never a table of some other device's policy.
     Matmul-like ops get float32 inputs (autocast casts them down); the others get a low-precision
     input, as they do in a network, where they follow a matmul or a convolution.
     """
+    device = torch.device(device_type)
+    if not _device_available(device):
+        raise RuntimeError(f"op_dtypes({str(device_type)!r}): torch finds no {device.type} device on this machine, "
+                           f"so {device.type}'s autocast policy cannot be run here; ask for a device it has "
+                           f"(cpu always is)")
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(8, 16, generator=g)                    # (8, 16) float32
-    w = torch.randn(16, 16, generator=g)                   # (16, 16)
-    images = torch.randn(2, 3, 8, 8, generator=g)          # (2, 3, 8, 8)
-    conv = nn.Conv2d(3, 4, 3)
+    x = torch.randn(8, 16, generator=g).to(device)         # (8, 16) float32
+    w = torch.randn(16, 16, generator=g).to(device)        # (16, 16)
+    images = torch.randn(2, 3, 8, 8, generator=g).to(device)   # (2, 3, 8, 8)
+    conv = nn.Conv2d(3, 4, 3).to(device)
     low = x.to(dtype)                                      # as the output of a matmul under autocast
-    target = torch.randint(0, 16, (8,), generator=g)
+    target = torch.randint(0, 16, (8,), generator=g).to(device)
     ops = [
         ("x @ w (matmul)", x, lambda: x @ w),
         ("F.linear", x, lambda: F.linear(x, w)),
@@ -341,7 +360,7 @@ def op_dtypes(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> 
         ("low + float32", low, lambda: low + x),
     ]
     rows = []
-    with torch.autocast(device_type, dtype=dtype):
+    with torch.autocast(device.type, dtype=dtype):
         for name, inp, fn in ops:
             rows.append((name, str(inp.dtype).replace("torch.", ""), str(fn().dtype).replace("torch.", "")))
     return rows

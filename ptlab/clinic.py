@@ -25,6 +25,7 @@ from torch.nn.parameter import is_lazy
 from ptlab.claims import measured
 
 from ._legacy import moved
+from .loop import model_device, to_device
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,16 @@ def _random_kept(tensors: Iterable[torch.Tensor], generators: Iterable[torch.Gen
 
 
 def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
-    """One forward pass under no_grad with hooks on every module; None when nothing non-finite appeared."""
+    """One forward pass under no_grad with hooks on every module; None when nothing non-finite appeared.
+
+    X is moved to the device of the model's parameters (a model without any takes X where it is).
+    """
     if not isinstance(model, nn.Module) or not isinstance(X, torch.Tensor):
         raise TypeError("first_nonfinite(model, X) needs an nn.Module and an input tensor")
     if X.is_floating_point() and not torch.isfinite(X).all():
         return NonFinite("input", type(X).__name__, *_count(X))
+    device = model_device(model)
+    X = to_device(X, device) if device is not None else X
     found: list[NonFinite] = []
     running: list[list] = []  # [name, module, the submodule that returned last] per forward running, outermost first
 
@@ -175,9 +181,9 @@ def _loader_generators(loader: Iterable) -> list[torch.Generator]:
     return list({id(g): g for g in found if isinstance(g, torch.Generator)}.values())
 
 
-def _to(batch: Any, device: torch.device) -> Any:
-    """A tensor moved to device; anything else as it is."""
-    return batch.to(device) if isinstance(batch, torch.Tensor) else batch
+def _to(batch: Any, device: torch.device | None) -> Any:
+    """A tensor moved to device (None: left where it is); anything else as it is."""
+    return to_device(batch, device) if isinstance(batch, torch.Tensor) and device is not None else batch
 
 
 def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[..., torch.optim.Optimizer], *,
@@ -197,7 +203,7 @@ def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[.
     loss_fn = loss_fn or nn.functional.cross_entropy
     twin = copy.deepcopy(model).train()
     optimizer = make_optimizer(twin.parameters())
-    device = next(twin.parameters()).device
+    device = model_device(twin)
     growth = (end_lr / start_lr) ** (1 / (steps - 1))
     result, average = LRRangeResult(), 0.0
     with _random_kept(twin.parameters(), _loader_generators(loader)):

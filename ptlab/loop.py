@@ -11,13 +11,24 @@ import torch
 from torch import nn
 
 
+def model_device(model: nn.Module) -> torch.device | None:
+    """The device of the model's first parameter or buffer; None for a model that holds no tensor."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return None
+
+
 def resolve_device(model: nn.Module, device: torch.device | str | None) -> torch.device:
     """The device given, else the device of the model's first parameter or buffer, else cpu."""
     if device is not None:
         return torch.device(device)
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    found = model_device(model)
+    return found if found is not None else torch.device("cpu")
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """tensor on device; a copy from pinned CPU memory is non_blocking (it can overlap with the GPU's work)."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu" and tensor.is_pinned())
 
 
 def check_model(model: Any) -> None:
@@ -37,14 +48,14 @@ def check_loader(loader: Any, name: str) -> None:
 
 
 def unpack_batch(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move an (inputs, targets) batch to device; anything else is a TypeError."""
+    """Move an (inputs, targets) batch, inputs and targets both, to device; anything else is a TypeError."""
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise TypeError(f"the loader must yield (inputs, targets) pairs, got {type(batch).__name__}"
                         + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     X, y = batch
     if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
         raise TypeError(f"inputs and targets must be tensors, got {type(X).__name__} and {type(y).__name__}")
-    return X.to(device), y.to(device)
+    return to_device(X, device), to_device(y, device)
 
 
 def count_correct(logits: torch.Tensor, y: torch.Tensor) -> int:

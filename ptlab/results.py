@@ -30,12 +30,16 @@ def predict(model: nn.Module, loader: Iterable, device: torch.device | str | Non
 
 
 def confusion_matrix(predicted: torch.Tensor, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Counts (num_classes, num_classes): row = true class, column = predicted class."""
+    """Counts (num_classes, num_classes), on the cpu: row = true class, column = predicted class.
+
+    predicted and targets may be on any device, each on its own: both are counted on the cpu.
+    """
     if predicted.shape != targets.shape or predicted.ndim != 1:
         raise ValueError(f"predicted and targets must be 1-D and the same shape, got {tuple(predicted.shape)} "
                          f"and {tuple(targets.shape)}")
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    predicted, targets = predicted.cpu(), targets.cpu()
     for name, t in (("predicted", predicted), ("targets", targets)):
         if t.numel() and (t.min() < 0 or t.max() >= num_classes):
             raise ValueError(f"{name} holds labels outside 0..{num_classes - 1}")
@@ -57,7 +61,7 @@ def plot_confusion_matrix(matrix: torch.Tensor, class_names: Sequence[str], titl
         raise ValueError(f"matrix has shape {tuple(matrix.shape)} but there are {n} class names")
     fig, ax = plt.subplots(figsize=(6.4, 5.6), layout="constrained")
     plt.close(fig)  # shown once, by the notebook's display of the returned Figure
-    image = ax.imshow(matrix.numpy(), cmap="Blues")
+    image = ax.imshow(matrix.cpu().numpy(), cmap="Blues")
     ax.set_xticks(range(n), class_names, rotation=45, ha="right")
     ax.set_yticks(range(n), class_names)
     ax.set_xlabel("predicted")
@@ -79,6 +83,7 @@ def _as_display_image(image: Any) -> torch.Tensor:
     if not isinstance(image, torch.Tensor) or image.ndim != 3:
         raise TypeError(f"images must be (C, H, W) tensors, got {type(image).__name__}"
                         + (f" of shape {tuple(image.shape)}" if isinstance(image, torch.Tensor) else ""))
+    image = image.cpu()
     image = image.float() / 255 if image.dtype == torch.uint8 else image.float().clamp(0, 1)
     return image.permute(1, 2, 0)
 

@@ -1,6 +1,7 @@
 """The reference training loop: train_one_epoch, evaluate and fit, for any (X, y) loader and classifier."""
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -94,7 +95,7 @@ def train_one_epoch(
     with train_mode(model):
         for batch in bar:
             X, y = unpack_batch(batch, device)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            with _autocast(device, autocast_dtype):
                 logits = model(X)                      # (B, num_classes)
                 loss = loss_fn(logits, y)              # mean over the batch
             optimizer.zero_grad(set_to_none=True)
@@ -119,6 +120,12 @@ def train_one_epoch(
         raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
     return {"loss": total_loss / seen, "acc": correct / seen, "n": seen, "batches": batches,
             "seconds": time.perf_counter() - start}
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """autocast to dtype on device's type; without a dtype no autocast region at all, so a model on a device
+    autocast does not know still trains, and an autocast region the caller opened stays in force."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def evaluate(
@@ -305,11 +312,14 @@ def _save_epoch(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
 
 def resume_run(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                train_loader: Iterable | None = None, scaler: torch.amp.GradScaler | None = None,
-               map_location: torch.device | str | None = None) -> History:
+               map_location: torch.device | str = "cpu") -> History:
     """Restore a run from folder/last.pt as fit wrote it; returns its History (the epochs done).
 
     Model, optimizer, scheduler, every RNG, the train loader's shuffling generator and the GradScaler all
     continue where the run stopped, so the next epoch is bit for bit the one an uninterrupted run would train.
+    The file is read onto the CPU (map_location) and each state is copied from there to where its model and
+    optimizer live: a run written on a GPU resumes on a machine without one, and the random generators'
+    states, which torch only takes as CPU tensors, stay on the CPU.
     """
     path = Path(folder) / "last.pt"
     state = load_checkpoint(path, model, optimizer, scheduler, map_location=map_location,

@@ -25,6 +25,11 @@ KERNEL_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "default::DeprecationWarn
 # The second configuration CI runs the notebooks in (`make test-second-config`): other float digits,
 # other speed. On any x86 CPU it changes the thread count and the ATen and oneDNN instruction sets.
 SECOND_CONFIG = {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# What the kernels that regenerate the stored outputs (`python -m ptlab notebooks`, `make notebooks`) run
+# with: on the CPU, every CUDA device hidden from torch (a GPU would print its name and `device='cuda:0'`
+# into outputs, and a cell could take a GPU-only branch). Apple's MPS cannot be hidden by an environment
+# variable: PTLAB_DEVICE=cpu makes the course's own device choice the CPU there.
+CPU_ONLY_ENV = {"PTLAB_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 BUDGETS = {"notebook_s": 120.0, "cell_s": 20.0, "rss_mib": 3 * 1024.0, "total_s": 900.0, "checked": 0.80}
 # Chapters whose lesson needs more time than the default: real processes (7) and compilation (8).
 NOTEBOOK_S = {"07_ddp": 150.0, "08_compile_export": 180.0}
@@ -164,14 +169,20 @@ def coalesce_streams(outputs: list) -> list:
     return merged
 
 
-def run_notebook(path: Path, write: bool = False) -> NotebookRun:
+def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a notebook kernel starts with: this process's, then KERNEL_ENV, then `extra`."""
+    return {**os.environ, **KERNEL_ENV, **(extra or {})}
+
+
+def run_notebook(path: Path, write: bool = False, env: dict[str, str] | None = None) -> NotebookRun:
     """Execute one notebook top to bottom in a fresh kernel; optionally write the outputs back.
 
-    A cell that raises ends the run; the error is recorded in the result rather than raised.
+    The kernel gets kernel_env(env): this process's environment with KERNEL_ENV and `env` on top
+    (this process's own environment is left alone). A cell that raises ends the run; the error is
+    recorded in the result rather than raised.
     """
     from nbclient.exceptions import CellExecutionError
 
-    os.environ.update(KERNEL_ENV)  # the kernel inherits it; this runs in the CLI process only
     nb = nbformat.read(path, as_version=4)
     cell_times: dict[int, float] = {}
     started: dict[int, float] = {}
@@ -186,7 +197,7 @@ def run_notebook(path: Path, write: bool = False) -> NotebookRun:
     start = time.perf_counter()
     with _PeakRss() as rss:
         try:
-            _client(nb, path, on_cell_start=on_start, on_cell_executed=on_done).execute()
+            _client(nb, path, on_cell_start=on_start, on_cell_executed=on_done).execute(env=kernel_env(env))
         except CellExecutionError as err:
             failed = max(started, default=-1)
             error = f"cell {failed}: {err.ename}: {str(err.evalue).strip()[:200]}"
@@ -203,10 +214,10 @@ def run_notebook(path: Path, write: bool = False) -> NotebookRun:
 
 
 def execute_in_place(paths: list[Path]) -> int:
-    """Re-execute every notebook and store its outputs (what `make notebooks` runs)."""
+    """Re-execute every notebook on the CPU (CPU_ONLY_ENV) and store its outputs (what `make notebooks` runs)."""
     failed = 0
     for path in notebook_paths(paths):
-        run = run_notebook(path, write=True)
+        run = run_notebook(path, write=True, env=CPU_ONLY_ENV)
         if run.error:
             failed += 1
             print(f"{path}: NOT written, it failed at {run.error}")

@@ -23,6 +23,62 @@ def test_op_dtypes_matmul_low_losses_float32():
     assert format_op_table(op_dtypes()).splitlines()[0].startswith("op")
 
 
+def test_op_dtypes_takes_a_device_or_its_name():
+    assert op_dtypes(torch.device("cpu")) == op_dtypes("cpu")
+
+
+def test_op_dtypes_refuses_a_device_this_machine_does_not_have(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="no cuda device on this machine"):
+        op_dtypes("cuda", torch.float16)
+    with pytest.raises(RuntimeError, match="no meta device"):
+        op_dtypes("meta")                           # meta tensors hold no values: no policy to show
+
+
+def test_op_dtypes_makes_every_tensor_on_the_device_asked_for_and_autocasts_there(monkeypatch):
+    """The CUDA branch without a GPU: 'meta' stands in for the device; inside the autocast region every
+    op's tensors are recorded (outside it, the values are drawn on the CPU and moved)."""
+    import contextlib
+
+    from torch.overrides import TorchFunctionMode
+
+    import ptlab.amp
+
+    class Devices(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.recording, self.seen, self.autocast = False, [], []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.recording:
+                self.seen += [t.device.type for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
+            return func(*args, **kwargs)
+
+    mode = Devices()
+
+    @contextlib.contextmanager
+    def autocast(device_type, dtype=None, **kwargs):
+        mode.autocast.append(device_type)
+        mode.recording = True
+        yield
+        mode.recording = False
+
+    monkeypatch.setattr(ptlab.amp, "_device_available", lambda device: True, raising=False)
+    monkeypatch.setattr(torch, "autocast", autocast)
+    with mode:
+        rows = op_dtypes("meta", torch.float16)
+    assert mode.autocast == ["meta"] and len(rows) == 11
+    assert len(mode.seen) >= 11 and set(mode.seen) == {"meta"}, f"the table's ops ran on {set(mode.seen)}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: CUDA's autocast policy is not run")
+def test_op_dtypes_on_cuda_gives_cudas_float16_policy():
+    table = {op: out for op, _, out in op_dtypes("cuda", torch.float16)}
+    assert table["x @ w (matmul)"] == table["nn.Conv2d"] == table["F.linear"] == "float16"
+    assert table["F.cross_entropy"] == table["F.mse_loss"] == table["torch.softmax"] == "float32"
+
+
 def test_scale_halves_after_inf_and_grows_back():
     history = scale_history(inf_at=(3,), steps=6, growth_interval=2, init_scale=1024.0)
     scales = [s for _, s, _ in history]
