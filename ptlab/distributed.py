@@ -9,7 +9,9 @@ Two ways to start N ranks, both real processes in one gloo process group (nccl o
   captures its output: the launcher a training script uses, on one machine or several.
 
 Both pick a free port (bind to port 0), give each rank its own threads (OMP_NUM_THREADS), and stop
-everything after `timeout_s`, so nothing can hang a notebook or CI. The rest are the worker functions
+everything after `timeout_s`, so nothing can hang a notebook or CI. `run_ranks` starts its ranks with
+forkserver on Linux and with spawn on macOS and Windows (`default_start_method`); `run_torchrun` needs a
+POSIX system (it stops the job through its process group). The rest are the worker functions
 chapter 7 runs in its ranks, and the measured 1-vs-2-process timing with its labelled scaling estimate.
 """
 from __future__ import annotations
@@ -36,9 +38,25 @@ import torch.distributed as dist
 from ._legacy import moved
 
 START_METHODS = ("forkserver", "spawn")
+_SIGKILL = getattr(signal, "SIGKILL", 9)     # Windows' signal module has no SIGKILL
 # Imported once by the fork server, so each rank starts by fork in a fraction of a second, not ~3 s.
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "ptlab.distributed", "ptlab.checkpoint",
             "ptlab.models"]  # DistributedDataParallel imports torch._dynamo (~2 s) when first built
+
+
+def default_start_method(platform: str | None = None) -> str:
+    """How run_ranks starts ranks by default: "forkserver" on Linux, "spawn" on macOS, Windows and the rest.
+
+    forkserver (Python 3.14's default on Linux) forks each rank from one server that imported torch once, so a
+    start costs a fraction of a second. Windows has no fork at all, and on macOS Python itself defaults to
+    spawn because the system libraries may start threads, which makes forking unsafe there.
+    """
+    import multiprocessing
+
+    platform = sys.platform if platform is None else platform
+    if platform.startswith("linux") and "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return "spawn"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -194,17 +212,19 @@ def _rank_main(local_rank: int, world_size: int, port: int, fn: Callable, kwargs
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float = 60.0, threads: int = 1,
-              collective_timeout_s: float = 30.0, start_method: str = "forkserver", **kwargs: Any) -> RankRun:
+              collective_timeout_s: float = 30.0, start_method: str | None = None, **kwargs: Any) -> RankRun:
     """Start `world_size` processes in one gloo group, run fn(**kwargs) in each, return their results in rank order.
 
     The first rank that raises ends the job: the others are stopped and `errors` names the root cause. A rank
     killed by a signal (SIGKILL: often the out-of-memory killer) or whose return value cannot be pickled fails too.
     After `timeout_s` every rank is stopped and `timed_out` is True. `collective_timeout_s` is the process
     group's own timeout (how long a collective waits for a peer; joining the group may take up to timeout_s).
+    `start_method` None means `default_start_method()`: "forkserver" on Linux, "spawn" elsewhere.
     "forkserver" (Python 3.14's default on Linux) forks each rank from a server that imported torch once;
-    "spawn" starts a fresh interpreter (the default on macOS and Windows). Both send `fn` by name, so it
-    must be importable. The fork server is multiprocessing's own, one per Python process: the first
-    forkserver call starts it with torch preloaded and its output sent to /dev/null.
+    "spawn" starts a fresh interpreter (Python's default on macOS and Windows; Windows has no forkserver).
+    Both send `fn` by name, so it must be importable; with forkserver a function that is not is refused
+    here, before anything starts. The fork server is multiprocessing's own, one per Python process: the
+    first forkserver call starts it with torch preloaded and its output sent to /dev/null.
     """
     import multiprocessing
 
@@ -216,12 +236,17 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *, timeout_s: float =
     for name, value in (("timeout_s", timeout_s), ("collective_timeout_s", collective_timeout_s)):
         if not isinstance(value, (int, float)) or value <= 0:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if start_method is None:
+        start_method = default_start_method()
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
     if start_method == "forkserver":
+        _check_importable(fn)  # a forkserver child cannot report a failed import: refuse here, clearly
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"start_method 'forkserver' does not exist on this platform ({sys.platform}): "
+                             "use 'spawn' (the default here)")
         from multiprocessing import forkserver
 
-        _check_importable(fn)  # a forkserver child cannot report a failed import: refuse here, clearly
         multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
         with _fds_to(Path(os.devnull)):  # the server's own output (none expected) never reaches a notebook cell
             forkserver.ensure_running()
@@ -263,7 +288,7 @@ def _launch(fn: Callable, kwargs: dict, world_size: int, threads: int, collectiv
                            if base.with_suffix(".pkl").exists() else None)
             outputs.append(base.with_suffix(".log").read_text() if base.with_suffix(".log").exists() else "")
             error = _read_error(base.with_suffix(".error"))
-            stopped = rank in running and proc.exitcode in (-signal.SIGTERM, -signal.SIGKILL)
+            stopped = rank in running and proc.exitcode in (-signal.SIGTERM, -_SIGKILL)
             if error is not None:
                 failures.append((error[0], rank, error[1]))
             elif proc.exitcode not in (0, None) and not stopped:   # died before or outside Python's error handling
@@ -274,7 +299,7 @@ def _launch(fn: Callable, kwargs: dict, world_size: int, threads: int, collectiv
 
 def _exit_line(exitcode: int, launch_log: Path) -> str:
     """Why a rank that wrote no error line ended: the signal that killed it, or its exit code."""
-    if exitcode == -signal.SIGKILL:
+    if exitcode == -_SIGKILL:
         return "killed by signal 9 (SIGKILL): often the out-of-memory killer"
     if exitcode == -signal.SIGTERM:
         return "killed by signal 15 (SIGTERM)"

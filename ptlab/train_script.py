@@ -2,13 +2,16 @@
 
   python -m ptlab train --epochs 3                               # one process
   torchrun --nproc-per-node=2 -m ptlab train --epochs 3          # 2 processes on this machine
-  torchrun --nnodes=2 --nproc-per-node=8 --node-rank=0 --rdzv-backend=c10d \\
-           --rdzv-endpoint=node0:29500 -m ptlab train --epochs 30  # the same on every machine, its own rank
+  torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-id=job42 \\
+           --rdzv-endpoint=node0:29500 -m ptlab train --epochs 30  # the same line on every machine
 
-Under torchrun every process runs this file; RANK, LOCAL_RANK and WORLD_SIZE say which one it is. Rank 0
-alone prints, shows the progress bar, writes checkpoints and the run log; --batch-size is the global batch.
-One process resumes bit for bit; several ranks resume with their own new random streams (last.pt holds only
-rank 0's), so their augmentations differ from an uninterrupted run's.
+Under torchrun every process runs this file; RANK, LOCAL_RANK and WORLD_SIZE say which one it is. Each
+process trains on GPU LOCAL_RANK with nccl when the machine has a GPU for every one of its processes, and on
+the CPU with gloo otherwise (PTLAB_DEVICE=cpu forces the CPU). Rank 0 alone prints, shows the progress bar,
+writes checkpoints and the run log; --batch-size is the global batch, divided evenly among the processes (it
+must divide by their number). The train loss and accuracy logged are the mean over the ranks. One process
+resumes bit for bit; several ranks resume with their own new random streams (last.pt holds only rank 0's), so
+their augmentations differ from an uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import datetime
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from ptlab.profiling import profile_training
 
 from .checkpoint import load_checkpoint
-from .core import get_device
+from .core import DEVICE_ENV, get_device
 from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
 from .experiments import log_run
 from .models import SmallCNN
@@ -90,19 +94,60 @@ class EpochSettingLoader:
         return getattr(self.loader, name)              # fit checkpoints loader.generator, for instance
 
 
+@dataclass(frozen=True)
+class RankDevice:
+    """Where one process of a torchrun job trains, the process-group backend that goes with it, and why."""
+
+    device: torch.device
+    backend: str
+    note: str | None = None       # set when the process does not train where the machine's choice would put it
+
+
+def rank_device(kind: str, local_rank: int, local_world_size: int, cuda_devices: int) -> RankDevice:
+    """The device and backend of process `local_rank` of `local_world_size` on one machine.
+
+    `kind` is what the machine would use for one process ("cuda", "mps" or "cpu": `ptlab.core.get_device`, so
+    PTLAB_DEVICE overrides it) and `cuda_devices` how many GPUs the process sees. nccl needs a GPU of its own
+    for every process, so with fewer GPUs than processes on the machine the job trains on the CPU with gloo;
+    torch.distributed has no backend for Apple's MPS, so there too.
+    """
+    if kind == "cuda" and cuda_devices >= local_world_size:
+        return RankDevice(torch.device("cuda", local_rank), "nccl")
+    if kind == "cuda":
+        return RankDevice(torch.device("cpu"), "gloo",
+                          f"{local_world_size} processes on this machine but {cuda_devices} CUDA device(s): nccl "
+                          "needs a GPU for each process, so every process trains on the CPU with gloo (with "
+                          f"--nproc-per-node={cuda_devices} each process gets a GPU)")
+    if kind == "mps":
+        return RankDevice(torch.device("cpu"), "gloo",
+                          "torch.distributed has no backend for Apple's MPS: every process trains on the CPU with gloo")
+    return RankDevice(torch.device("cpu"), "gloo")
+
+
 def setup_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
-    """(rank, world size, device). Under torchrun, join the process group: nccl on GPUs, gloo on the CPU."""
+    """(rank, world size, device). Under torchrun, join the process group on the device `rank_device` picks.
+
+    Rank 0 prints why when the processes cannot train where one process would (fewer GPUs than processes).
+    """
     if "RANK" not in os.environ:                       # a plain `python -m ptlab train`
         return 0, 1, get_device()
     rank, world, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)                  # before the group makes any CUDA tensor
-        dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=timeout_s), device_id=device)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if os.environ.get(DEVICE_ENV, "").strip():        # PTLAB_DEVICE, checked by get_device
+        kind = get_device().type
+    else:                                              # get_device's order, without touching GPU 0 in every rank
+        kind = "cuda" if cuda_devices else "mps" if torch.backends.mps.is_available() else "cpu"
+    choice = rank_device(kind, local_rank, local_world, cuda_devices)
+    if choice.note and rank == 0:
+        print(choice.note)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if choice.backend == "nccl":
+        torch.cuda.set_device(choice.device)           # before the group makes any CUDA tensor
+        dist.init_process_group("nccl", timeout=timeout, device_id=choice.device)
     else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return rank, world, device
+        dist.init_process_group("gloo", timeout=timeout)
+    return rank, world, choice.device
 
 
 def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool):
@@ -151,7 +196,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     say(f"{len(train_loader.dataset)} training images, {len(val_loader.dataset)} validation, "
         f"{len(test_loader.dataset)} test" + (" (dry run: a few batches per epoch)" if args.dry_run else ""))
 
-    torch.manual_seed(args.seed)                       # the same initial weights on every rank
+    torch.manual_seed(args.seed)                       # DDP broadcasts rank 0's weights anyway; every rank
+                                                       # then also draws the same random crops and flips
     model = SmallCNN(width=args.width).to(device)      # (B, 3, 32, 32) -> (B, 10)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     torch.manual_seed(args.seed + rank)                # each rank its own augmentations (a resume restores the RNGs)

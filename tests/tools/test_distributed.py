@@ -1,4 +1,5 @@
 """ptlab.distributed: real ranks on gloo, started with a timeout, their results gathered in rank order."""
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -76,13 +77,59 @@ def test_a_rank_that_never_arrives_is_stopped_at_the_timeout():
     assert 6.0 <= run.seconds < 30
 
 
-def test_extra_forward_on_one_rank_is_harmless_without_buffers_and_aborts_under_no_grad_with_them():
-    ok = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=False, collective_timeout_s=5.0, timeout_s=120)
-    assert ok.ok and ok.results == [4, 4]
+def test_an_extra_forward_on_one_rank_survives_hangs_or_aborts_depending_on_where_it_falls():
+    # No buffers, after every step: rank 0's extra forward carries DDP's one-time bucket broadcast, and rank 1's
+    # next forward carries its own: they pair by coincidence.
+    paired = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=False, collective_timeout_s=5.0, timeout_s=120)
+    assert paired.ok and paired.results == [4, 4]
+    # No buffers, after the only step: rank 1 has no next forward, so the broadcast is never matched.
+    alone = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=False, steps=1, collective_timeout_s=2.0,
+                      timeout_s=120)
+    assert not alone.ok and not alone.timed_out
+    assert any("Timed out waiting 2000ms" in line for line in alone.errors.values()), alone.errors
+    # BatchNorm, no_grad, after every step: rank 0's buffers (256 bytes) meet rank 1's bucket order (28 bytes).
     aborted = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=True, grad=False, collective_timeout_s=5.0,
                         timeout_s=120)
-    assert aborted.errors.get(1) == "exited with code -6"
-    assert "collective mismatch" in aborted.outputs[1]
+    assert aborted.failed_rank == 1 and aborted.errors[1] == "exited with code -6"
+    assert "256 vs 28" in aborted.outputs[1] and "collective mismatch" in aborted.outputs[1]
+    # The same no_grad forward after step 1 only takes the place of rank 0's next buffer broadcast: it survives.
+    survived = run_ranks(rf.extra_forward_on_rank_zero, batchnorm=True, grad=False, after=(1,),
+                         collective_timeout_s=5.0, timeout_s=120)
+    assert survived.ok and survived.results == [4, 4]
+
+
+def test_a_mean_over_padded_shards_counts_the_padding_and_plain_slices_do_not():
+    results = run_ranks(rf.mean_over_ranks, n=11, timeout_s=120).results
+    assert results[0] == results[1] == {"padded": 55 / 12, "exact": 5.0}
+
+
+@pytest.mark.parametrize("platform, methods, expected", [
+    ("linux", ["fork", "spawn", "forkserver"], "forkserver"),
+    ("linux", ["fork", "spawn"], "spawn"),
+    ("darwin", ["spawn", "fork", "forkserver"], "spawn"),
+    ("win32", ["spawn"], "spawn"),
+])
+def test_the_default_start_method_is_chosen_per_platform(monkeypatch, platform, methods, expected):
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: methods)
+    assert d.default_start_method(platform) == expected
+
+
+def test_on_windows_run_ranks_starts_with_spawn_and_refuses_forkserver_clearly(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    started = []
+
+    def launch(fn, kwargs, world_size, threads, collective_timeout_s, timeout_s, start_method):
+        started.append(start_method)
+        return d.RankRun(world_size, list(range(world_size)), [""] * world_size, 0.0)
+
+    monkeypatch.setattr(d, "_launch", launch)
+    assert run_ranks(rf.describe_rank).ok and started == ["spawn"]
+    with pytest.raises(ValueError, match=r"'forkserver' does not exist on this platform \(win32\): use 'spawn'"):
+        run_ranks(rf.describe_rank, start_method="forkserver")
+    with pytest.raises(ValueError, match="cannot be imported by name"):     # importability is checked first
+        run_ranks(lambda: 1, start_method="forkserver")
+    assert started == ["spawn"]
 
 
 def test_run_ranks_rejects_bad_arguments():
@@ -144,14 +191,17 @@ def test_commands_and_masking():
     multi = d.multinode_command(nnodes=2, nproc=8, endpoint="node0:29500")
     for part in ("--nnodes=2", "--nproc-per-node=8", "--node-rank=", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500"):
         assert part in multi
+    assert notebook_text.shown_command(command, env={"PTLAB_DEVICE": "cpu"}).startswith(
+        "PTLAB_DEVICE=cpu python -m torch.distributed.run --nnodes=1")
     assert notebook_text.mask_figures("loss 2.4461, epoch 1, acc 0.1250") == "loss ≈2.4461, epoch 1, acc ≈0.1250"
     with pytest.raises(ValueError):
         d.torchrun_command(["x.py"], 0)
 
 
 def test_scaling_estimate_follows_the_ring_formula():
-    result = scaling.ScalingResult(one={"step": 1.0, "step cpu": 1.0}, many={"step": 0.5, "step cpu": 0.6, "compute": 0.4,
-                             "allreduce": 0.1}, world_size=2, global_batch=64)
+    result = scaling.ScalingResult(one={"step": 1.0, "step cpu all": 1.0},
+                                   many={"step": 0.5, "step cpu all": 1.2, "compute": 0.4, "allreduce": 0.1},
+                                   world_size=2, global_batch=64)
     assert result.speedup == pytest.approx(2.0) and result.cpu_ratio == pytest.approx(1.2)
     assert result.estimate(1) == pytest.approx(1.0)
     assert result.estimate(2) == pytest.approx(0.8 / (0.4 + 0.1))
@@ -163,7 +213,10 @@ def test_scaling_estimate_follows_the_ring_formula():
 def test_measure_scaling_times_both_sides():
     result = scaling.measure_scaling(world_size=2, global_batch=16, steps=1, rounds=1)
     for side in (result.one, result.many):
-        assert {"step", "step cpu", "compute", "allreduce", "gradient MB"} <= set(side) and side["step"] > 0
+        assert {"step", "step cpu", "step cpu all", "compute", "allreduce", "gradient MB"} <= set(side)
+        assert side["step"] > 0
+    assert result.one["step cpu all"] == result.one["step cpu"]          # one process: its own CPU time
+    assert result.many["step cpu all"] > result.many["step cpu"]         # both ranks' CPU time, not rank 0's twice
     assert result.cpu_ratio > 0.5 and result.estimate(8) > 1
 
 

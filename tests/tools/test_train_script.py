@@ -8,9 +8,11 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ptlab.distributed import run_torchrun
-from ptlab.train_script import EpochSettingLoader, amp_settings, build_parser, main
+import ptlab.train_script as train_script
+from ptlab.train_script import EpochSettingLoader, amp_settings, build_parser, main, rank_device
 
 SMALL = ["--dry-run", "--width", "8", "--batch-size", "32"]
+ON_CPU = {"PTLAB_DEVICE": "cpu"}          # gloo on every machine, a GPU one included: the output is the same
 
 
 def read_runs(folder):
@@ -28,6 +30,7 @@ def test_dry_run_single_process_checkpoints_and_logs(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PTLAB_DEVICE", "cpu")                   # the same run, and AMP off, on a GPU machine too
     assert main(SMALL) == 0
     out = capsys.readouterr().out
     assert "world size 1 (one process)" in out and "AMP: off" in out
@@ -79,7 +82,7 @@ def test_amp_is_chosen_by_device():
 
 @pytest.mark.slow
 def test_torchrun_two_processes_on_gloo_dry_run(tmp_path):
-    result = run_torchrun(["-m", "ptlab", "train", *SMALL], nproc=2, cwd=tmp_path, timeout_s=240)
+    result = run_torchrun(["-m", "ptlab", "train", *SMALL], nproc=2, cwd=tmp_path, timeout_s=240, env=ON_CPU)
     assert result.returncode == 0 and not result.timed_out, result.stderr[-3000:]
     assert result.stdout.count("world size 2 (gloo)") == 1            # rank 0 alone prints
     assert "batch 16 per rank (32 in all)" in result.stdout
@@ -93,7 +96,7 @@ def test_torchrun_two_processes_on_gloo_dry_run(tmp_path):
 def test_torchrun_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     # A collective timeout far longer than the launch timeout: only failure detection can end the job in time.
     result = run_torchrun(["-m", "ptlab", "train", *SMALL, "--fail-rank", "1", "--timeout", "900"], nproc=2,
-                          cwd=tmp_path, timeout_s=240)
+                          cwd=tmp_path, timeout_s=240, env=ON_CPU)
     assert not result.timed_out, f"the job hung for {result.seconds:.0f} s"
     assert result.returncode != 0 and result.root_cause_rank == 1
     assert result.error_of(1) == "RuntimeError: rank 1 failed on purpose (--fail-rank)"
@@ -102,10 +105,60 @@ def test_torchrun_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_batch_smaller_than_world_size_is_refused(tmp_path):
-    result = run_torchrun(["-m", "ptlab", "train", "--batch-size", "1"], nproc=2, cwd=tmp_path, timeout_s=240)
+    result = run_torchrun(["-m", "ptlab", "train", "--batch-size", "1"], nproc=2, cwd=tmp_path, timeout_s=240,
+                          env=ON_CPU)
     assert result.returncode != 0 and not result.timed_out
     assert result.usage_errors == ["python -m ptlab train: error: --batch-size 1 is smaller than the world size 2: "
                                    "every process needs at least one example per step"]
+
+
+def test_rank_device_gives_each_process_a_gpu_of_its_own_or_the_cpu():
+    assert rank_device("cuda", 1, 2, 2) == train_script.RankDevice(torch.device("cuda", 1), "nccl")
+    assert rank_device("cuda", 3, 8, 8).device == torch.device("cuda", 3)
+    one_gpu = rank_device("cuda", 1, 2, 1)                      # rank 1 would ask for cuda:1, which is not there
+    assert (one_gpu.device, one_gpu.backend) == (torch.device("cpu"), "gloo")
+    assert one_gpu.note.startswith("2 processes on this machine but 1 CUDA device(s)")
+    assert "--nproc-per-node=1" in one_gpu.note
+    mps = rank_device("mps", 0, 2, 0)
+    assert (mps.device, mps.backend) == (torch.device("cpu"), "gloo") and "MPS" in mps.note
+    assert rank_device("cpu", 1, 2, 4) == train_script.RankDevice(torch.device("cpu"), "gloo")   # PTLAB_DEVICE=cpu
+
+
+def _fake_machine(monkeypatch, *, gpus=0, mps=False, rank=1, world=2, **env):
+    """A torchrun process on a machine with `gpus` CUDA devices, without joining any group: what would it do?"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(train_script.dist, "init_process_group",
+                        lambda backend, **kwargs: calls.append((backend, kwargs.get("device_id"))))
+    monkeypatch.delenv("PTLAB_DEVICE", raising=False)
+    for name, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
+                        **env}.items():
+        monkeypatch.setenv(name, str(value))
+    return calls
+
+
+def test_setup_distributed_with_one_gpu_for_two_processes_trains_on_the_cpu(monkeypatch, capsys):
+    calls = _fake_machine(monkeypatch, gpus=1, rank=1)
+    assert train_script.setup_distributed(30.0) == (1, 2, torch.device("cpu"))
+    assert calls == [("gloo", None)]                            # no set_device(cuda:1), no nccl
+    assert capsys.readouterr().out == ""                        # rank 1 says nothing
+    calls = _fake_machine(monkeypatch, gpus=1, rank=0)
+    assert train_script.setup_distributed(30.0) == (0, 2, torch.device("cpu"))
+    assert "1 CUDA device(s): nccl needs a GPU for each process" in capsys.readouterr().out
+
+
+def test_setup_distributed_gives_each_process_its_gpu_and_honours_ptlab_device(monkeypatch, capsys):
+    calls = _fake_machine(monkeypatch, gpus=2, rank=1)
+    assert train_script.setup_distributed(30.0) == (1, 2, torch.device("cuda", 1))
+    assert calls == [("set_device", torch.device("cuda", 1)), ("nccl", torch.device("cuda", 1))]
+    calls = _fake_machine(monkeypatch, gpus=2, rank=1, PTLAB_DEVICE="cpu")    # what the chapter and the tests do
+    assert train_script.setup_distributed(30.0) == (1, 2, torch.device("cpu")) and calls == [("gloo", None)]
+    calls = _fake_machine(monkeypatch, mps=True, rank=0)                      # a Mac
+    assert train_script.setup_distributed(30.0) == (0, 2, torch.device("cpu")) and calls == [("gloo", None)]
+    assert "no backend for Apple's MPS" in capsys.readouterr().out
 
 
 def test_python_m_ptlab_train_forwards_to_the_script(tmp_path, capsys):
@@ -125,6 +178,7 @@ def test_resume_is_bit_exact_one_plus_one_equals_two(tmp_path, monkeypatch):
     """`--epochs 1` then `--resume --epochs 2` ends with the very weights of `--epochs 2` straight through."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PTLAB_DEVICE", "cpu")                   # the same run, and AMP off, on a GPU machine too
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     for folder in (straight, resumed):
         folder.mkdir()

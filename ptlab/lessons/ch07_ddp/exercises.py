@@ -12,13 +12,13 @@ from ptlab.course.exercises import Wrong, calls_stub, exercise
     id="ch7-shard-indices", chapter=7,
     task="write shard(n, world_size, rank, drop_last): the indices DistributedSampler(shuffle=False) gives "
          "`rank` for a dataset of n items, padded when drop_last is False and trimmed when it is True",
-    hint="every rank must get the same number of indices: with drop_last=False round n up to a multiple of "
-         "world_size by repeating indices from the start, with drop_last=True round it down; then deal the "
-         "indices out like cards, one per rank in turn",
+    hint="every rank must get the same number of indices. When n does not divide by world_size, which indices "
+         "fill the gap (drop_last=False), and which are left out (drop_last=True)? Then, which positions of "
+         "that list belong to `rank`? Try n=11 on 2 ranks by hand first",
 )
 def check_shard_indices(shard) -> None:
     cases = [(10, 2, False), (11, 2, False), (11, 2, True), (10, 4, False), (10, 4, True), (3, 4, False),
-             (7, 3, False), (7, 3, True)]
+             (7, 3, False), (7, 3, True), (1, 4, False), (2, 5, False)]   # the last two pad more than n
     for n, world, drop_last in cases:
         for rank in range(world):
             expected = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,

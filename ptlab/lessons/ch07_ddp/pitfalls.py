@@ -1,9 +1,10 @@
 """Chapter 7 pitfalls: DistributedDataParallel in real processes, 2 ranks on gloo (the CPU).
 
-Each reproduction is one function read in two halves. Called as the registry calls it (`in_rank=False`),
-it starts 2 ranks with ptlab.distributed.run_ranks, which call the same function with `in_rank=True`;
-then it measures what the ranks returned or wrote. The ranks are forked from a server that has torch
-imported already, so a run takes well under a second, except the one that waits for a timeout.
+Each reproduction is one function read in two halves. The first, under `if in_rank:`, is the lesson: what
+each of the 2 ranks runs. The second is the harness: called as the registry calls it (`in_rank=False`), the
+function starts 2 ranks with ptlab.distributed.run_ranks, which run the first half (`in_rank=True`), and
+measures what they returned or wrote. On Linux the ranks are forked from a server that has torch imported
+already, so a run takes well under a second, except the one that waits for a timeout.
 """
 from __future__ import annotations
 
@@ -44,33 +45,36 @@ def _checked(run, what: str):
     title="DistributedSampler without set_epoch() shuffles every epoch in the same order",
     symptom="over 4 epochs rank 0 sees its 24 indices in 1 order, the same every epoch (4 orders with set_epoch)",
     why="""DistributedSampler shuffles with a generator seeded by seed + epoch, so that every rank draws the same
-    permutation and takes its own disjoint slice of it. The epoch is whatever set_epoch() last set, 0 if it was
-    never called: every epoch then replays epoch 0's permutation, and each rank sees the same examples in the
-    same order every time. DataLoader(shuffle=True) reshuffles by itself; with a DistributedSampler you must call
+    permutation and takes its own slice of it. The epoch is whatever set_epoch() last set, 0 if it was never
+    called: every epoch then replays epoch 0's permutation, and each rank sees the same examples in the same
+    order every time. DataLoader(shuffle=True) reshuffles by itself; with a DistributedSampler you must call
     set_epoch yourself.""",
     catch="""Call sampler.set_epoch(epoch) at the start of every epoch, before iterating the loader (the
     reference script's loader wrapper does it). To check, record the first few indices of two epochs on one
     rank: they must differ.""",
 )
 def sampler_without_set_epoch(buggy: bool, in_rank: bool = False):
-    if not in_rank:                                        # the parent: start 2 ranks, compare rank 0's epochs
-        orders = _checked(run_ranks(sampler_without_set_epoch, 2, buggy=buggy, in_rank=True), "sampler")[0]
-        repeats = sum(order == orders[0] for order in orders[1:])
-        distinct = len({tuple(order) for order in orders})
-        return Outcome(
-            figures={"rank 0, epoch 0 starts": str(orders[0][:5]), "rank 0, epoch 1 starts": str(orders[1][:5]),
-                     "distinct orders in 4 epochs": distinct, "epochs repeating epoch 0": repeats},
-            checks=[Check("epochs (of 3 after the first) repeating epoch 0's order", repeats, "== 3"),
-                    Check("distinct orders rank 0 saw in 4 epochs", distinct, "== 1")])
-    dataset = torch.arange(48)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=0)      # this rank's half, shuffled
-    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-    orders = []
-    for epoch in range(4):
-        if not buggy:                                      # BUG: the buggy loop never gets here
-            sampler.set_epoch(epoch)                       # FIX: a new permutation every epoch
-        orders.append([i for batch in loader for i in batch.tolist()])
-    return orders
+    if in_rank:                                            # what each of the 2 ranks runs
+        dataset = torch.arange(48)
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)      # this rank's half, shuffled
+        loader = DataLoader(dataset, batch_size=8, sampler=sampler)
+        orders = []
+        for epoch in range(4):
+            if buggy:
+                pass                                       # BUG: no set_epoch(epoch): epoch 0's order again
+            else:
+                sampler.set_epoch(epoch)                   # FIX: a new permutation every epoch
+            orders.append([i for batch in loader for i in batch.tolist()])
+        return orders
+    # The harness: start 2 ranks that run the code above, then compare rank 0's epochs.
+    orders = _checked(run_ranks(sampler_without_set_epoch, 2, buggy=buggy, in_rank=True), "sampler")[0]
+    repeats = sum(order == orders[0] for order in orders[1:])
+    distinct = len({tuple(order) for order in orders})
+    return Outcome(
+        figures={"rank 0, epoch 0 starts": str(orders[0][:5]), "rank 0, epoch 1 starts": str(orders[1][:5]),
+                 "distinct orders in 4 epochs": distinct, "epochs repeating epoch 0": repeats},
+        checks=[Check("epochs (of 3 after the first) repeating epoch 0's order", repeats, "== 3"),
+                Check("distinct orders rank 0 saw in 4 epochs", distinct, "== 1")])
 
 
 @pitfall(
@@ -79,39 +83,41 @@ def sampler_without_set_epoch(buggy: bool, in_rank: bool = False):
     symptom="all 4 saved keys start with 'module.', and load_state_dict on the plain model raises "
             "RuntimeError listing them as unexpected keys",
     why="""DistributedDataParallel holds your model as its attribute `module`, so the wrapper's state_dict()
-    names every entry 'module.0.weight' where the model itself says '0.weight'. A checkpoint saved that way
-    loads only into another DDP wrapper; the model you evaluate, export or fine-tune later is a plain one, and
-    load_state_dict refuses it (strict=True), or with strict=False loads nothing at all (chapter 5's pitfall
-    ddp-prefix-strict-false).""",
+    names every entry 'module.0.weight' where the model itself says '0.weight'. Such a file loads as it is only
+    into a model wrapped the same way (DDP, DataParallel: anything that keeps it as `.module`); the model you
+    evaluate, export or fine-tune later is a plain one, and load_state_dict refuses it (strict=True), or with
+    strict=False loads nothing at all (chapter 5's pitfall ddp-prefix-strict-false).""",
     catch="""Save model.module.state_dict() (ptlab.checkpoint.save_checkpoint unwraps DDP for you), on rank 0
     only. For old files, torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.')
     strips the prefix. Keep strict=True so a mismatch raises instead of loading nothing.""",
 )
 def saved_wrapper_state_dict(buggy: bool, in_rank: bool = False, folder: str = ""):
-    if not in_rank:                                        # the parent: 2 ranks save, a plain model loads
-        with tempfile.TemporaryDirectory() as folder:
-            _checked(run_ranks(saved_wrapper_state_dict, 2, buggy=buggy, in_rank=True, folder=folder), "save")
-            state = torch.load(Path(folder, "model.pt"), weights_only=True)
-        try:
-            _mlp().load_state_dict(state)                  # what evaluation or export does later
-            error = "none"
-        except RuntimeError as err:                        # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
-            error = next(line for line in str(err).splitlines() if "Unexpected" in line).strip().split(",")[0] + ", ..."
-        prefixed = sum(key.startswith("module.") for key in state)
-        return Outcome(
-            figures={"first saved key": next(iter(state)), "keys starting with 'module.'": prefixed,
-                     "load into the plain model": error},
-            checks=[Check("saved keys starting with 'module.'", prefixed, "> 0"),
-                    Check("load_state_dict into the plain model", error, "contains 'Unexpected key(s)'")])
-    model = DDP(_mlp())
-    X, y = _batches(1)[0]
-    nn.functional.cross_entropy(model(X), y).backward()
-    if dist.get_rank() == 0:                               # one writer
-        if buggy:
-            torch.save(model.state_dict(), Path(folder, "model.pt"))          # BUG: the wrapper's keys
-        else:
-            torch.save(model.module.state_dict(), Path(folder, "model.pt"))   # FIX: the model's own keys
-    dist.barrier()                                         # the file is complete before anyone reads it
+    if in_rank:                                            # what each of the 2 ranks runs
+        model = DDP(_mlp())
+        X, y = _batches(1)[0]
+        nn.functional.cross_entropy(model(X), y).backward()
+        if dist.get_rank() == 0:                           # one writer
+            if buggy:
+                torch.save(model.state_dict(), Path(folder, "model.pt"))          # BUG: the wrapper's keys
+            else:
+                torch.save(model.module.state_dict(), Path(folder, "model.pt"))   # FIX: the model's own keys
+        dist.barrier()                                     # the file is complete before anyone reads it
+        return
+    # The harness: 2 ranks run the code above, then a plain model loads the file, as evaluation would.
+    with tempfile.TemporaryDirectory() as folder:
+        _checked(run_ranks(saved_wrapper_state_dict, 2, buggy=buggy, in_rank=True, folder=folder), "save")
+        state = torch.load(Path(folder, "model.pt"), weights_only=True)
+    try:
+        _mlp().load_state_dict(state)
+        error = "none"
+    except RuntimeError as err:                            # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
+        error = next(line for line in str(err).splitlines() if "Unexpected" in line).strip().split(",")[0] + ", ..."
+    prefixed = sum(key.startswith("module.") for key in state)
+    return Outcome(
+        figures={"first saved key": next(iter(state)), "keys starting with 'module.'": f"{prefixed} of {len(state)}",
+                 "load into the plain model": error},
+        checks=[Check("saved keys starting with 'module.' (of 4)", prefixed, "== 4"),
+                Check("load_state_dict into the plain model", error, "contains 'Unexpected key(s)'")])
 
 
 @pitfall(
@@ -121,83 +127,92 @@ def saved_wrapper_state_dict(buggy: bool, in_rank: bool = False, folder: str = "
     why="""All ranks run the same script, so a line that writes a file runs once per rank. Appending, the lines
     of the ranks interleave in whatever order the processes happen to run; each rank logs its own loss on its
     own shard, so the file holds two different numbers for the same epoch and a reader cannot tell which is
-    which. Opened with "w" or saved with torch.save, the ranks overwrite each other instead: the file holds
-    whichever rank wrote last, or a mix if they wrote at once.""",
+    which. Opened with "w" or written with torch.save, the ranks write over each other's file instead.""",
     catch="""Guard every write (logs, checkpoints, plots, the experiment log) with `if rank == 0:`, and progress
     bars with disable=rank != 0. If the logged number should describe the whole batch, all_reduce it first
     (every rank must take part), then let rank 0 write it.""",
 )
 def every_rank_writes_the_log(buggy: bool, in_rank: bool = False, folder: str = ""):
-    if not in_rank:                                        # the parent: 2 ranks train, then read the log
-        with tempfile.TemporaryDirectory() as folder:
-            _checked(run_ranks(every_rank_writes_the_log, 2, buggy=buggy, in_rank=True, folder=folder), "log")
-            lines = Path(folder, "train.log").read_text().splitlines()
-        losses = defaultdict(set)
-        for line in lines:                                 # "epoch 1 loss 1.0764"
-            epoch, loss = line.split(" loss ")
-            losses[epoch].add(loss)
-        conflicting = sum(len(values) > 1 for values in losses.values())
-        return Outcome(
-            figures={"epochs trained": 3, "lines in train.log": len(lines), "epochs with two losses": conflicting},
-            checks=[Check("lines in train.log for 3 epochs", len(lines), "> 3"),
-                    Check("epochs logged with two different losses", conflicting, ">= 1")])
-    model = DDP(_mlp())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for epoch, (X, y) in enumerate(_batches(3), start=1):
-        loss = nn.functional.cross_entropy(model(X), y)    # this rank's loss on its own batch
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if buggy:
-            writes = True                                  # BUG: every rank appends to the same file
-        else:
-            writes = dist.get_rank() == 0                  # FIX: rank 0 alone writes
-        if writes:
-            with open(Path(folder, "train.log"), "a") as log:
-                log.write(f"epoch {epoch} loss {loss.item():.4f}\n")
+    if in_rank:                                            # what each of the 2 ranks runs
+        model = DDP(_mlp())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch, (X, y) in enumerate(_batches(3), start=1):
+            loss = nn.functional.cross_entropy(model(X), y)    # this rank's loss on its own batch
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if buggy:
+                writes = True                              # BUG: every rank appends to the same file
+            else:
+                writes = dist.get_rank() == 0              # FIX: rank 0 alone writes
+            if writes:
+                with open(Path(folder, "train.log"), "a") as log:
+                    log.write(f"epoch {epoch} loss {loss.item():.4f}\n")
+        return
+    # The harness: 2 ranks train 3 epochs with the code above, then the log is read.
+    with tempfile.TemporaryDirectory() as folder:
+        _checked(run_ranks(every_rank_writes_the_log, 2, buggy=buggy, in_rank=True, folder=folder), "log")
+        lines = Path(folder, "train.log").read_text().splitlines()
+    losses = defaultdict(set)
+    for line in lines:                                     # "epoch 1 loss 1.0764"
+        epoch, loss = line.split(" loss ")
+        losses[epoch].add(loss)
+    conflicting = sum(len(values) > 1 for values in losses.values())
+    return Outcome(
+        figures={"epochs in train.log": len(losses), "lines in train.log": len(lines),
+                 "epochs with two losses": conflicting},
+        checks=[Check("lines in train.log for 3 epochs", len(lines), "> 3"),
+                Check("epochs logged with two different losses", conflicting, ">= 1")])
 
 
 @pitfall(
     id="ddp-forward-on-one-rank", chapter=7,
-    title="A forward through the DDP model on rank 0 only (to log a prediction) leaves the ranks' collectives "
-          "out of step: the job hangs until the timeout",
+    title="A forward through the DDP model on rank 0 only (to profile or to log a prediction) puts the ranks' "
+          "collectives out of step: with BatchNorm the job hangs until the timeout",
     symptom="with BatchNorm in the model, both ranks wait until the process group's timeout (2 s here, 30 "
             "minutes by default) and the job ends with gloo's timeout error",
-    why="""Every rank must issue the same collectives in the same order. DDP adds one to each forward: with
-    broadcast_buffers=True (the default) it broadcasts rank 0's buffers, BatchNorm's running statistics, to
-    the other ranks. An extra forward on rank 0 alone is one extra broadcast there; rank 0 is then a step ahead,
-    waiting in a collective the other rank never starts, and both wait until the timeout. A model without
-    buffers has no collective in forward, so the same extra forward does no harm there: the bug hides until
-    someone adds a BatchNorm. Measured on gloo (torch 2.14): under torch.no_grad() the extra forward still
-    broadcasts once, and gloo then aborts the process on a size mismatch instead of waiting.""",
-    catch="""Run rank-0-only work (logging a prediction, evaluation, a plot) on model.module, the plain model,
-    under torch.no_grad(); or run it on every rank. Start jobs with a process-group timeout you can afford to wait
-    (init_process_group(timeout=...)), so a mismatch ends the job with an error instead of holding the machines.""",
+    why="""Every rank must issue the same collectives in the same order, and a forward through the DDP wrapper
+    issues some. At the start of a forward that follows a forward with gradients, DDP broadcasts rank 0's
+    buffers (BatchNorm's running statistics) to the other ranks; and once per run, in the first forward with
+    gradients after the first backward, it broadcasts the order of its gradient buckets. An extra forward on
+    rank 0 alone adds such a broadcast there, so rank 0 waits in a collective the other rank never starts,
+    and both wait until the timeout. Without buffers the extra forward hangs only if it carries the once-per-run
+    broadcast; with BatchNorm under torch.no_grad() it may abort, hang, or happen to pair with the other rank's
+    next broadcast. Which one depends on where it falls, so never rely on it.""",
+    catch="""Run rank-0-only work (profiling, a prediction to log, evaluation, a plot) on model.module, the plain
+    model, in eval mode and under torch.no_grad(): the plain model issues no collective, and eval mode keeps a
+    small batch out of BatchNorm's running statistics, which DDP would then broadcast to every rank. Or run it
+    on every rank. Start jobs with a process-group timeout you can afford to wait (init_process_group(
+    timeout=...)), so a mismatch ends the job with an error instead of holding the machines.""",
 )
 def forward_on_one_rank(buggy: bool, in_rank: bool = False):
-    if not in_rank:                                        # the parent: 2 ranks, a 2 s collective timeout
-        run = run_ranks(forward_on_one_rank, 2, collective_timeout_s=2.0, timeout_s=60.0, buggy=buggy, in_rank=True)
-        error = run.error or "none"
-        # The rank whose collective times out ('Timed out waiting 2000ms ...', 'Application timeout caused
-        # pair closure') closes its connections, so its peer may report 'Connection closed by peer' first.
-        timed_out = any("timed out" in line.lower() or "timeout" in line.lower() for line in run.errors.values())
-        return Outcome(
-            figures={"error type": error.split(":")[0], "gloo timed out": timed_out,
-                     "seconds until it ended": run.seconds},
-            checks=[Check("a rank failed", bool(run.errors), "is True"),
-                    Check("a rank ended with gloo's timeout error", timed_out, "is True")])
-    model = DDP(_mlp(batchnorm=True))                      # BatchNorm: DDP broadcasts its buffers in forward
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for X, y in _batches(4):
-        loss = nn.functional.cross_entropy(model(X), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if dist.get_rank() == 0:                           # log a prediction, on rank 0 only
-            if buggy:
-                preview = model(X[:2])                     # BUG: through DDP: one more collective on rank 0
-            else:
-                with torch.no_grad():
-                    preview = model.module(X[:2])          # FIX: the plain model: no collective
-            preview.argmax(1)
-    dist.barrier()
+    if in_rank:                                            # what each of the 2 ranks runs
+        model = DDP(_mlp(batchnorm=True))                  # BatchNorm: buffers DDP broadcasts in forward
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for X, y in _batches(4):
+            loss = nn.functional.cross_entropy(model(X), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if dist.get_rank() == 0:                       # a look at a prediction, on rank 0 only
+                if buggy:
+                    preview = model(X[:2])                 # BUG: through DDP: one more broadcast on rank 0
+                else:
+                    model.module.eval()                    # FIX: the plain model, in eval mode, no gradients:
+                    with torch.no_grad():                  # FIX: no collective, no statistics updated
+                        preview = model.module(X[:2])      # FIX
+                    model.module.train()                   # FIX
+                preview.argmax(1)
+        dist.barrier()
+        return
+    # The harness: 2 ranks run the code above with a 2 s collective timeout; how did the job end?
+    run = run_ranks(forward_on_one_rank, 2, collective_timeout_s=2.0, timeout_s=60.0, buggy=buggy, in_rank=True)
+    error = run.error or "none"
+    # The rank whose collective times out ('Timed out waiting 2000ms ...', 'Application timeout caused
+    # pair closure') closes its connections, so its peer may report 'Connection closed by peer' first.
+    timed_out = any("timed out" in line.lower() or "timeout" in line.lower() for line in run.errors.values())
+    return Outcome(
+        figures={"error type": error.split(":")[0], "gloo timed out": timed_out,
+                 "seconds until it ended": run.seconds},
+        checks=[Check("a rank failed", bool(run.errors), "is True"),
+                Check("a rank ended with gloo's timeout error", timed_out, "is True")])

@@ -76,10 +76,13 @@ def sampler_shards(n: int = 11, shuffle: bool = False, epochs: int = 1) -> dict[
     return shards
 
 
-def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm: bool = False) -> float | None:
+def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm: bool = False,
+                               reduction: str = "mean", ddp_lr_scale: float = 1.0) -> float | None:
     """DDP with each rank on its slice of the batch, against one model on the whole batch (computed on rank 0).
 
     Returns, on rank 0, the largest |difference| between the two models' weights after `steps` SGD steps.
+    `reduction` is the loss's reduction over the batch ("mean" or "sum"); the DDP model's learning rate is
+    `ddp_lr_scale` times the single model's.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if global_batch % world:
@@ -87,21 +90,40 @@ def split_batch_vs_one_process(global_batch: int = 16, steps: int = 3, batchnorm
     per_rank = global_batch // world
     ddp = DDP(rank_mlp(batchnorm))
     single = rank_mlp(batchnorm)                               # what one process with the whole batch trains
-    opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.5)
-    opt_single = torch.optim.SGD(single.parameters(), lr=0.5)
+    lr = 0.5 if reduction == "mean" else 0.5 / global_batch   # a sum is global_batch times a mean: same steps
+    opt_ddp = torch.optim.SGD(ddp.parameters(), lr=lr * ddp_lr_scale)
+    opt_single = torch.optim.SGD(single.parameters(), lr=lr)
     X, y = _data(global_batch * steps, seed=7)             # the same data on every rank
     for step in range(steps):
         Xb, yb = X[step * global_batch:(step + 1) * global_batch], y[step * global_batch:(step + 1) * global_batch]
         mine = slice(rank * per_rank, (rank + 1) * per_rank)  # (B/world,) rows of this rank
         opt_ddp.zero_grad()
-        nn.functional.cross_entropy(ddp(Xb[mine]), yb[mine]).backward()
+        nn.functional.cross_entropy(ddp(Xb[mine]), yb[mine], reduction=reduction).backward()
         opt_ddp.step()
         opt_single.zero_grad()
-        nn.functional.cross_entropy(single(Xb), yb).backward()
+        nn.functional.cross_entropy(single(Xb), yb, reduction=reduction).backward()
         opt_single.step()
     if rank != 0:
         return None
     return max((a - b).abs().max().item() for a, b in zip(ddp.module.parameters(), single.parameters()))
+
+
+def mean_over_ranks(n: int = 11) -> dict[str, float]:
+    """The mean of n per-example values (0, 1, ..., n-1: stand-ins for losses) computed across the ranks.
+
+    Each rank sums the values of its examples and counts them; one all_reduce adds the sums and the counts
+    of every rank. "padded" uses DistributedSampler's shards (the default, padded to equal counts), "exact"
+    plain slices rank, rank + world, ... in which every example appears exactly once.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    values = torch.arange(n, dtype=torch.float64)          # (n,) one value per example
+    shards = {"padded": list(DistributedSampler(range(n), shuffle=False)), "exact": list(range(rank, n, world))}
+    means = {}
+    for name, shard in shards.items():
+        totals = torch.tensor([values[shard].sum().item(), float(len(shard))], dtype=torch.float64)
+        dist.all_reduce(totals)                            # (sum, count) over every rank
+        means[name] = (totals[0] / totals[1]).item()
+    return means
 
 
 def save_on_rank_zero(folder: str) -> dict[str, Any]:
@@ -139,11 +161,14 @@ def fail_on_rank(fail_rank: int = 1, fail_at_step: int = 2, steps: int = 5) -> i
     return steps
 
 
-def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 4) -> int:
-    """DDP training in which rank 0 alone runs one more forward through the DDP model after every step.
+def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 4,
+                               after: tuple[int, ...] | None = None) -> int:
+    """DDP training in which rank 0 alone runs one more forward through the DDP model after some steps.
 
-    Returns the steps completed. Whether that breaks the job depends on the collectives DDP issues in
-    forward: with BatchNorm it broadcasts the buffers (broadcast_buffers=True), without it none.
+    `after` lists the steps (0-based) after which it does; None means after every step. Returns the steps
+    completed. Whether the job survives depends on the collectives DDP issues in forward: a broadcast of
+    rank 0's buffers (BatchNorm's statistics) after a forward with gradients, and once per run the order of
+    the gradient buckets, in the first forward with gradients after the first backward.
     """
     model = DDP(rank_mlp(batchnorm))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -153,7 +178,7 @@ def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and (after is None or step in after):
             with contextlib.nullcontext() if grad else torch.no_grad():
                 model(X[:2])                               # rank 0 only: an extra forward through DDP
     dist.barrier()

@@ -15,7 +15,11 @@ from ptlab.models import SmallCNN
 
 
 def time_training(global_batch: int = 64, steps: int = 4, width: int = 16) -> dict[str, float]:
-    """In each rank: wall and CPU seconds per DDP step, seconds per compute-only step (no_sync) and per all-reduce."""
+    """In each rank: wall and CPU seconds per DDP step, seconds per compute-only step and per all-reduce.
+
+    A compute-only step runs under model.no_sync(): no gradient all-reduce, but its forward still broadcasts
+    the BatchNorm buffers of SmallCNN, as every forward after one with gradients does.
+    """
     world = dist.get_world_size()
     torch.manual_seed(0)
     model = DDP(SmallCNN(width=width))
@@ -65,7 +69,7 @@ class ScalingResult:
     @property
     def cpu_ratio(self) -> float:
         """CPU seconds per global batch, all ranks together, over those of 1 process (>= 1: no work saved)."""
-        return self.many["step cpu"] * self.world_size / self.one["step cpu"]
+        return self.many["step cpu all"] / self.one["step cpu all"]
 
     def estimate(self, devices: int) -> float:
         """ESTIMATED speed-up on `devices` devices each as fast as one rank here: compute / devices + all-reduce.
@@ -91,6 +95,8 @@ def measure_scaling(world_size: int = 2, global_batch: int = 64, steps: int = 4,
             run = run_ranks(time_training, size, timeout_s=timeout_s, global_batch=global_batch, steps=steps)
             if not run.ok:
                 raise RuntimeError(f"timing run with {size} processes failed: {run.error}")
-            runs[size].append(run.results[0])
+            timings = dict(run.results[0])              # rank 0's times, and the CPU time of every rank
+            timings["step cpu all"] = sum(r["step cpu"] for r in run.results)
+            runs[size].append(timings)
     best = {size: {k: min(r[k] for r in rs) for k in rs[0]} for size, rs in runs.items()}
     return ScalingResult(best[1], best[world_size], world_size, global_batch)

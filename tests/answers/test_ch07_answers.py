@@ -1,0 +1,52 @@
+"""Chapter 7 exercises: right answers accepted, typical wrong ones rejected with the hint that names the fault."""
+from ptlab import check
+
+
+def shard(n, world_size, rank, drop_last):
+    total = (n // world_size) * world_size if drop_last else -(-n // world_size) * world_size
+    indices = list(range(n))
+    while len(indices) < total:                  # pad from the start, more than once when n is tiny
+        indices += indices[: total - len(indices)]
+    return indices[:total][rank::world_size]
+
+
+def shard_padding_once(n, world_size, rank, drop_last):
+    """Right until the padding is longer than the dataset: shard(1, 4, 2, False) gives [] instead of [0]."""
+    total = (n // world_size) * world_size if drop_last else -(-n // world_size) * world_size
+    indices = list(range(n))
+    indices += indices[: total - len(indices)]
+    return indices[:total][rank::world_size]
+
+
+def shard_no_padding(n, world_size, rank, drop_last):
+    return list(range(rank, n, world_size))
+
+
+def shard_pads_with_last(n, world_size, rank, drop_last):
+    total = (n // world_size) * world_size if drop_last else -(-n // world_size) * world_size
+    indices = list(range(n))
+    indices += [n - 1] * (total - len(indices))
+    return indices[:total][rank::world_size]
+
+
+def test_shard_exercise(capsys):
+    assert check("ch7-shard-indices", ...) == "not attempted"
+    assert check("ch7-shard-indices", shard) == "correct"
+    assert check("ch7-shard-indices", shard_no_padding) == "wrong"
+    assert "(5 indices where 6 are due)" in capsys.readouterr().out
+    assert check("ch7-shard-indices", shard_pads_with_last) == "wrong"
+    assert "returned [1, 3, 5, 7, 9, 10]" in capsys.readouterr().out
+    assert check("ch7-shard-indices", shard_padding_once) == "wrong"    # caught by the n=1 and n=2 cases
+    assert "shard(1, 4, 2, drop_last=False) returned [] (0 indices where 1 are due)" in capsys.readouterr().out
+
+
+def test_ring_allreduce_exercise(capsys):
+    def right(n_bytes, world_size, bytes_per_second):
+        return 2 * (world_size - 1) / world_size * n_bytes / bytes_per_second
+
+    assert check("ch7-ring-allreduce-seconds", ...) == "not attempted"
+    assert check("ch7-ring-allreduce-seconds", right) == "correct"
+    assert check("ch7-ring-allreduce-seconds", lambda n, k, bw: n / bw) == "wrong"
+    assert "in two rounds" in capsys.readouterr().out
+    assert check("ch7-ring-allreduce-seconds", lambda n, k, bw: (k - 1) / k * n / bw) == "wrong"
+    assert "0.5x the expected" in capsys.readouterr().out
