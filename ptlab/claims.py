@@ -87,7 +87,9 @@ class Check:
 
     Bounds: '< x', '<= x', '> x', '>= x', '== x', '!= x' (a number or a 'quoted string'),
     'in [lo, hi]' (closed), 'is True', 'is False', "contains 'text'". The bound text is printed as
-    written and parsed to decide, so the line can never say more than the test.
+    written and parsed to decide, so the printed bound is the bound tested. The `what` text is the
+    caller's to keep honest, and a value of the wrong kind for its bound (a string against a number,
+    a bool against a number) never holds, so such a check printed with "not" tests nothing.
     """
 
     what: str
@@ -139,7 +141,8 @@ def claim(statement: str, holds: bool, evidence: str = "") -> None:
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError("claim() needs the statement as a non-empty string")
     if not isinstance(holds, bool):
-        # A tensor or numpy bool would print fine but hides a broadcast mistake; be explicit.
+        # bool() accepts a one-element tensor or a numpy bool; a multi-element tensor (often a
+        # broadcast mistake) has no single truth value and is refused.
         try:
             holds = bool(holds)
         except Exception as exc:  # a multi-element tensor, say

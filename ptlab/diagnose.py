@@ -31,7 +31,8 @@ CAUSES = {
     "data": "the graph was cut by .data",
     "no_grad": "computed under torch.no_grad() inside forward",
     "inference_mode": "computed under torch.inference_mode() inside forward",
-    "round-trip": "left the graph through .item(), .numpy() or .tolist() and came back as a new tensor",
+    "round-trip": "left the graph through .item(), .numpy() or .tolist(): a Python number or an array has "
+                  "no graph, whether or not it is turned back into a tensor",
     "non-differentiable": "reached the loss only through an op with an integer or bool result "
                           "(argmax, a comparison, an integer cast)",
     "unused": "never used in forward",
@@ -345,7 +346,7 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
         for i, event in enumerate(watcher.events):
             explained = i in watcher.blamed or event.ancestors & watcher.blamed
             if event.kind in ("detach", "data", "no_grad", "round-trip") and not explained:
-                report.notes.append(f"{_where(event)} left the graph, but no parameter lost its gradient through it")
+                report.notes.append(f"{_where(event)} left the graph; no finding above is attributed to it")
         report.notes = list(dict.fromkeys(report.notes))
     return report
 

@@ -23,6 +23,28 @@ def test_stub_function_counts_as_not_attempted():
     assert check("ch1-safe-contrast", contrast) == "not attempted"
 
 
+def test_a_function_whose_body_is_only_ellipsis_or_pass_is_not_attempted(capsys):
+    """An untouched stub returns None without doing anything: "not attempted", not "a return is missing"."""
+    def standardize_rows(x):
+        ...
+
+    def weight_penalty(model):
+        """To do."""
+
+    def clipped_step(model, opt, X, y, max_norm):
+        pass
+
+    def soft_gate(logits):
+        ...
+
+    assert check("ch1-normalize-rows", standardize_rows) == "not attempted"
+    assert check("ch2-penalty-in-graph", weight_penalty) == "not attempted"
+    assert check("ch2-clipped-step", clipped_step) == "not attempted"
+    assert check("ch2-why-no-training", ("gate", soft_gate)) == "not attempted"
+    assert check("ch2-why-no-training", ("gate", ...)) == "not attempted"
+    assert "return` missing" not in capsys.readouterr().out
+
+
 def test_wrong_answers_get_hints(capsys):
     assert check("ch1-broadcast-shape", [(6, 1, 3), None, (7, 7)]) == "wrong"
     assert "Hint:" in capsys.readouterr().out
@@ -34,6 +56,10 @@ def test_wrong_answers_get_hints(capsys):
     assert "[[128, 72, 128, 16, 116]]" in capsys.readouterr().out        # uint8 wraps in the subtraction
     assert check("ch1-safe-contrast", lambda img, f: (img.float() - 128) * f + 128) == "wrong"
     assert check("ch1-normalize-rows", lambda x: (x - x.mean(dim=1)) / x.std(dim=1, unbiased=False)) == "wrong"
+    capsys.readouterr()
+    assert check("ch1-normalize-rows",                                   # std's default divisor, n - 1
+                 lambda x: (x - x.mean(dim=1, keepdim=True)) / x.std(dim=1, keepdim=True)) == "wrong"
+    assert "dividing by n - 1" in capsys.readouterr().out
 
 
 def test_an_answer_that_raises_or_returns_none_is_wrong(capsys):
@@ -76,8 +102,23 @@ def _good_step(model, opt, X, y, max_norm):
 
 
 def test_chapter_2_answers(capsys):
-    assert check("ch2-why-no-training", ("gate", "non-differentiable")) == "correct"
-    assert check("ch2-why-no-training", ("features", "detach")) == "wrong"
+    assert check("ch2-why-no-training", ("gate", torch.sigmoid)) == "correct"
+    assert check("ch2-why-no-training", ("gate", lambda logits: (logits.clamp(-1, 1) + 1) / 2)) == "correct"
+    assert check("ch2-why-no-training", ("gate", "non-differentiable")) == "wrong"     # the old answer's shape
+    assert check("ch2-why-no-training", ("features", torch.sigmoid)) == "wrong"
+    assert check("ch2-why-no-training", ("head", torch.sigmoid)) == "wrong"
+    capsys.readouterr()
+    wrong_gates = {"the hard gate itself": lambda logits: (logits > 0).float(),
+                   "a leaf that asks for grad": lambda logits: (logits > 0).float().requires_grad_(),
+                   "a detached sigmoid": lambda logits: torch.sigmoid(logits).detach(),
+                   "a zero gradient": lambda logits: (logits > 0).float() + 0 * logits,
+                   "not between 0 and 1": torch.relu,
+                   "between -1 and 1": torch.tanh,
+                   "open at the wrong end": lambda logits: torch.sigmoid(-logits)}
+    for name, gate in wrong_gates.items():
+        assert check("ch2-why-no-training", ("gate", gate)) == "wrong", name
+    out = capsys.readouterr().out
+    assert "no gradient reaches the logits" in out and "0 everywhere" in out and "from 0 (shut) to 1 (open)" in out
     assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum() for p in m.parameters())) == "correct"
     capsys.readouterr()
     assert check("ch2-penalty-in-graph", lambda m: torch.tensor(1.0)) == "wrong"
@@ -92,7 +133,7 @@ def test_chapter_2_answers(capsys):
 def test_no_hint_contains_an_answer():
     """Hints lead to the idea; none holds the code or the value that solves its exercise."""
     answers = {"ch1-broadcast-shape": ["(6, 5, 3)", "(7, 7)"], "ch1-safe-contrast": ["clamp(0, 255)", ".float()"],
-               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable"],
+               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
                "ch2-penalty-in-graph": ["pow(2)", "p.pow", "** 2"], "ch2-clipped-step": ["clip_grad_norm_", ".item()"],
                "ch4-overfit-cause": ["requires_grad", "first key", "causes is a dict"]}
     for ex in all_exercises():

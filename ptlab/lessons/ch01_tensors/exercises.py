@@ -1,12 +1,33 @@
 """Chapter 1 exercises: broadcasting, dtypes, reductions."""
 from __future__ import annotations
 
+import dis
+import math
+from typing import Any, Callable
+
 import torch
 
-from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
 
 # The three pairs of exercise 1.1; none of them is printed in the chapter.
 BROADCAST_PAIRS = [((6, 1, 3), (5, 1)), ((4, 3), (4,)), ((7,), (7, 1))]
+
+
+def does_nothing(fn: Callable[..., Any]) -> bool:
+    """True for a function whose body only returns None: `...`, `pass` or a bare docstring, an untouched stub."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    steps = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    return steps in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def calls_answer(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a learner's function: an untouched stub (`return ...`, or a body that is only `...`) is
+    "not attempted"; a function with code that returns None is wrong (a `return` is missing)."""
+    if callable(fn) and does_nothing(fn):
+        raise NotAttempted
+    return calls_stub(fn, *args)
 
 
 def _broadcast_or_none(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -53,7 +74,7 @@ def check_safe_contrast(contrast) -> None:
     img = torch.tensor([[0, 100, 128, 200, 250]], dtype=torch.uint8)
     before = img.clone()
     for factor, want in [(2, [[0, 72, 128, 255, 255]]), (0.5, [[64, 114, 128, 164, 189]])]:
-        out = calls_stub(contrast, img, factor)
+        out = calls_answer(contrast, img, factor)
         if not isinstance(out, torch.Tensor):
             raise Wrong(f"return a tensor, not {type(out).__name__}.")
         if not torch.equal(img, before):
@@ -68,18 +89,23 @@ def check_safe_contrast(contrast) -> None:
     id="ch1-normalize-rows", chapter=1,
     task="write standardize_rows(x) so each row of a 2-D tensor has mean 0 and standard deviation 1 "
          "(std with unbiased=False), for square and non-square x",
-    hint="a reduction over dim=1 drops that dim, and the result then broadcasts along the wrong axis; "
-         "ask the reduction to keep it",
+    hint="two things decide the result: a reduction over dim=1 drops that dim, and the result then "
+         "broadcasts along the wrong axis (ask the reduction to keep it); and std divides by n - 1 unless "
+         "told otherwise, while the task asks for the divisor n",
 )
 def check_normalize_rows(standardize_rows) -> None:
     for shape in [(4, 4), (3, 5)]:
         x = torch.arange(1.0, 1.0 + shape[0] * shape[1]).reshape(shape) ** 1.5
-        out = calls_stub(standardize_rows, x.clone())
+        out = calls_answer(standardize_rows, x.clone())
         if not isinstance(out, torch.Tensor) or out.shape != x.shape:
             raise Wrong(f"for input of shape {shape} return a tensor of the same shape.")
         means, stds = out.mean(dim=1), out.std(dim=1, unbiased=False)
         if not torch.allclose(means, torch.zeros(shape[0]), atol=1e-4):
             raise Wrong(f"for shape {shape} the row means are {[round(v, 3) for v in means.tolist()]}, not 0.")
         if not torch.allclose(stds, torch.ones(shape[0]), atol=1e-3):
-            raise Wrong(f"for shape {shape} the row standard deviations are "
-                        f"{[round(v, 3) for v in stds.tolist()]}, not 1.")
+            shown = [round(v, 3) for v in stds.tolist()]
+            n = shape[1]
+            if torch.allclose(stds, torch.full((shape[0],), math.sqrt((n - 1) / n)), atol=1e-3):
+                raise Wrong(f"for shape {shape} the row standard deviations are {shown}, not 1: that is "
+                            f"sqrt((n - 1) / n) for n = {n}, the mark of dividing by n - 1 (std's default).")
+            raise Wrong(f"for shape {shape} the row standard deviations are {shown}, not 1.")

@@ -26,8 +26,10 @@ def _regression_data(seed: int = 0, n: int = 64):
     why="""`MSELoss` subtracts target from prediction elementwise; `(B, 1) - (B,)` broadcasts to a `(B, B)`
     matrix, so every prediction is compared with every target. The best a model can do against that
     is predict the mean target, where the loss is `var(y)`: the loss falls to `var(y)` and stops there,
-    which looks fine only if nothing compares it with a baseline. PyTorch emits a UserWarning, which
-    the default warning filter shows once per source line, not once per step: one line in a long log.""",
+    which looks fine only if nothing compares it with a baseline. PyTorch emits a UserWarning, but the
+    default warning filter shows a warning once per message and per line it is attributed to, and for
+    `nn.MSELoss` that line is inside torch: one line for the whole run (one more for each other batch
+    size, such as a smaller last batch), easy to miss in a long log.""",
     catch="""Assert shapes before the loss (`assert pred.shape == y.shape`), squeeze the model's last dim
     or keep targets as `(B, 1)`, compare the loss with `var(y)` (what predicting the mean scores), and turn
     warnings into errors in tests (`pytest -W error::UserWarning`).""",
@@ -67,33 +69,36 @@ def broadcast_loss_shape(buggy: bool) -> Outcome:
 @pitfall(
     id="view-after-transpose", chapter=1,
     title="view() that merges the swapped dims of a transposed tensor raises; reshape() copies",
-    symptom="flattening x.t() with view(-1) raises RuntimeError: view size is not compatible with "
-            "input tensor's size and stride",
+    symptom="flattening a transposed matrix with view(-1) raises RuntimeError: view size is not compatible "
+            "with input tensor's size and stride",
     why="""`view()` never copies: it reinterprets the same memory with new strides. After `.t()` or
     `.permute()` the elements are no longer laid out row by row, so no strides can describe a shape
     that merges the swapped dimensions (flattening them) without moving data. A view that only splits
-    or adds size-1 dims still works: `x.t().view(3, 1, 2)` succeeds. `reshape()` returns a view when it
+    or adds size-1 dims still works: `mat.t().view(3, 1, 2)` succeeds. `reshape()` returns a view when it
     can and a copy when it must.""",
-    catch="""Use `reshape()` unless you need the guarantee that no copy happens; check `x.is_contiguous()`
-    and compare `data_ptr()` before and after to see whether you got a view.""",
+    catch="""Use `reshape()` unless you need the guarantee that no copy happens; check `x.is_contiguous()`,
+    and compare `x.untyped_storage().data_ptr()` with the result's to see whether you got a view.""",
 )
 def view_after_transpose(buggy: bool) -> Outcome:
-    x = torch.arange(6).reshape(2, 3)                     # (2, 3), contiguous
-    xt = x.t()                                            # (3, 2), same memory, strides (1, 3)
-    no_merge = tuple(xt.view(3, 1, 2).shape)              # splitting, not merging: a view works
+    mat = torch.arange(6).reshape(2, 3)                   # (2, 3), contiguous
+    mat_t = mat.t()                                       # (3, 2), same memory, strides (1, 3)
+    no_merge = tuple(mat_t.view(3, 1, 2).shape)           # splitting, not merging: a view works
     try:
         if buggy:
-            flat = xt.view(-1)                            # BUG: no strides describe this as 1-D
+            flat = mat_t.view(-1)                         # BUG: no strides describe this as 1-D
         else:
-            flat = xt.reshape(-1)                         # FIX: copies because it must
+            flat = mat_t.reshape(-1)                      # FIX: copies because it must
     except RuntimeError as err:
-        error = str(err)                                  # whole: its last sentence is the advice
-        return Outcome(figures={"error": error, "x.t().view(3, 1, 2)": f"works, shape {no_merge}"},
-                       checks=[Check("flattening x.t() raised", error, "contains 'view size is not compatible'")])
+        error = str(err).split(" (at least")[0]           # the message, without its parenthesis
+        advice = str(err).rsplit(". ", 1)[-1]             # its last sentence: "Use .reshape(...) instead."
+        return Outcome(figures={"error": error, "its advice": advice,
+                                "mat.t().view(3, 1, 2)": f"works, shape {no_merge}"},
+                       checks=[Check("flattening mat.t() raised", error, "contains 'view size is not compatible'")])
+    same_storage = flat.untyped_storage().data_ptr() == mat.untyped_storage().data_ptr()
     return Outcome(
-        figures={"result": str(flat.tolist()), "x.t().view(3, 1, 2)": f"works, shape {no_merge}",
-                 "shares memory with x": flat.data_ptr() == x.data_ptr()},
-        checks=[Check("flattening x.t() raised", "no error", "contains 'view size is not compatible'")],
+        figures={"result": str(flat.tolist()), "mat.t().view(3, 1, 2)": f"works, shape {no_merge}",
+                 "shares memory with mat": same_storage},
+        checks=[Check("flattening mat.t() raised", "no error", "contains 'view size is not compatible'")],
     )
 
 
@@ -148,7 +153,7 @@ def inplace_alias(buggy: bool) -> Outcome:
     else:
         batch = batch - batch.mean(dim=0)                 # FIX: a new tensor; data untouched
     changed = int((data != before).any(dim=1).sum())
-    shares = batch.data_ptr() == data.data_ptr()
+    shares = batch.untyped_storage().data_ptr() == data.untyped_storage().data_ptr()  # the memory block itself
     return Outcome(
         figures={"dataset rows changed": changed, "max change in dataset": (data - before).abs().max().item(),
                  "batch shares memory with data": shares},
@@ -163,10 +168,12 @@ def inplace_alias(buggy: bool) -> Outcome:
     symptom="on a 4 x 4 matrix the rows should sum to 1, but one is off by more than 0.1, and nothing raises",
     why="""`x.sum(dim=1)` has shape `(N,)`, which broadcasts as a row `(1, N)` against `x` `(N, C)`. When
     `N == C` it divides column j by the sum of row j: no error, wrong numbers. When `N != C` it raises,
-    which is why the bug survives testing on square toy inputs and strikes in production, or the reverse.""",
+    except for a single column (`C == 1`): `(N, 1) / (N,)` silently gives an `(N, N)` matrix. So the bug
+    survives tests on square or one-column toy inputs and strikes in production, or the reverse.""",
     catch="""Keep the reduced dim as size 1 in any reduction you broadcast back (the reductions take an
     argument for that), or use `torch.softmax` / `torch.nn.functional.normalize` with an explicit `dim`;
-    assert the invariant (rows sum to 1) in a test, on a non-square input.""",
+    assert the output's shape and the invariant (rows sum to 1) in a test, on an input with several rows
+    and a different number of columns.""",
 )
 def missing_keepdim(buggy: bool) -> Outcome:
     g = torch.Generator().manual_seed(0)
@@ -189,9 +196,10 @@ def missing_keepdim(buggy: bool) -> Outcome:
     symptom="on 3 x 3 RGB images (W == C) normalising by a (C,) mean leaves a channel mean more than 1 "
             "from 0 (instead of about 0), silently; the same line raises on 32 x 32 images",
     why="""Broadcasting aligns shapes from the right, so a `(C,)` mean meets the last dim of `(B, C, H, W)`:
-    the width. When `W != C` the sizes clash and it raises; when `W == C` (3 x 3 crops, a width-3 toy test)
-    it runs and subtracts channel j's mean from column j of every channel: no error, wrongly normalised
-    images. Per-pixel layouts `(B, H, W, C)`, as NumPy and PIL use, are where a `(C,)` mean is right.""",
+    the width. When `W != C` the sizes clash and it raises (unless `W == 1`, which stretches to `C`);
+    when `W == C` (3 x 3 crops, a width-3 toy test) it runs and subtracts channel j's mean from column j
+    of every channel: no error, wrongly normalised images. A channels-last layout `(B, H, W, C)`, the
+    layout of arrays made from PIL or OpenCV images, is where a `(C,)` mean is right.""",
     catch="""Give channel statistics the shape of the channel axis: `(1, C, 1, 1)` (or `(C, 1, 1)`) with
     `view` or `reshape`, or use `torchvision.transforms.Normalize`, which does it for you. After
     normalising, check the per-channel mean over `(0, 2, 3)`: it should be near 0 for every channel.""",
@@ -214,7 +222,7 @@ def normalize_channel_mean_broadcast(buggy: bool) -> Outcome:
         normalize(large)
         large_result = "no error"
     except RuntimeError as err:
-        large_result = str(err)
+        large_result = str(err).split(" at non-singleton")[0]   # the message up to where it names the dim
     return Outcome(
         figures={**{f"mean of channel {c} after": v for c, v in enumerate(channel_means.tolist())},
                  "32 x 32 batch": large_result},

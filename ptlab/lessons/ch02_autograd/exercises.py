@@ -1,52 +1,88 @@
-"""Chapter 2 exercises: find a layer that does not train, keep a loss term in the graph, clip a step."""
+"""Chapter 2 exercises: find a layer that does not train and fix it, keep a loss term in the graph, clip a step."""
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import nn
 
-from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.course.exercises import NotAttempted, Wrong, exercise
+from ptlab.lessons.ch01_tensors.exercises import calls_answer
+
+
+def hard_gate(logits: torch.Tensor) -> torch.Tensor:
+    """1 where a unit is open (its gate logit is positive), 0 where it is shut."""
+    return (logits > 0).float()
 
 
 class GatedRegressor(nn.Module):
     """A small model with a gate; one of its layers never trains (the exercise is to find which, and why)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate_fn: Callable[[torch.Tensor], torch.Tensor] = hard_gate) -> None:
         super().__init__()
         self.features = nn.Linear(4, 8)
         self.gate = nn.Linear(4, 8)
         self.head = nn.Linear(8, 1)
+        self.gate_fn = gate_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.features(x))                   # (B, 8)
-        open_units = (self.gate(x) > 0).float()            # (B, 8): 1 where the gate is open
+        open_units = self.gate_fn(self.gate(x))            # (B, 8): how far each unit is open, 0 to 1
         return self.head(h * open_units)                   # (B, 1)
 
 
-def gated_model_and_batch(seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """The exercise's model and one batch (X (32, 4), y (32, 1)), seeded."""
+def gated_model_and_batch(seed: int = 0, gate_fn: Callable[[torch.Tensor], torch.Tensor] = hard_gate
+                          ) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """The exercise's model (with `hard_gate`, or the gate function you pass) and one batch
+    (X (32, 4), y (32, 1)), seeded."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(32, 4, generator=g)
-    return GatedRegressor(), (X, X.sum(dim=1, keepdim=True))
+    return GatedRegressor(gate_fn), (X, X.sum(dim=1, keepdim=True))
 
 
 @exercise(
     id="ch2-why-no-training", chapter=2,
-    task="find which layer of gated_model_and_batch()'s model never trains and why: answer "
-         "(module name, cause), the cause as diagnose_gradients names it",
-    hint="read the forward: through which op can no gradient flow? Or let the detector of section 10 say it: "
-         "run diagnose_gradients on gated_model with batch=gated_batch and an MSE loss, and read its table",
+    task="find which layer of gated_model_and_batch()'s model never trains, and write soft_gate(logits), "
+         "a replacement for hard_gate that also goes from 0 (shut) to 1 (open) but lets that layer train: "
+         "answer (module name, soft_gate)",
+    hint="read forward and hard_gate: a comparison returns bools, and no gradient flows back through a "
+         "bool. A replacement that goes smoothly from 0 to 1 as its input grows has a gradient everywhere",
 )
 def check_why_no_training(answer) -> None:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
-        raise Wrong("answer with two strings, e.g. ('features', 'detach').")
-    module, cause = answer
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], str)):
+        raise Wrong("answer with a module name and a function, e.g. ('features', soft_gate).")
+    module, soft_gate = answer
+    if soft_gate is Ellipsis:
+        raise NotAttempted
+    modules = [name for name, _ in GatedRegressor().named_children()]
+    if module not in modules:
+        raise Wrong(f"{module!r} is not a layer of the model; its layers are {', '.join(modules)}.")
     if module != "gate":
-        raise Wrong(f"{module!r} does get a gradient; look for the layer whose parameters are listed.")
-    if cause != "non-differentiable":
-        raise Wrong(f"{cause!r} is not it: what does `>` return, and can a gradient flow through it?")
+        raise Wrong(f"{module!r} does get a gradient: follow each layer's output to the loss, and find the "
+                    "one that passes through an op whose result is not a float.")
+    logits = torch.linspace(-10.0, 10.0, 41, requires_grad=True)
+    opened = calls_answer(soft_gate, logits)
+    if not isinstance(opened, torch.Tensor) or opened.shape != logits.shape or not opened.is_floating_point():
+        raise Wrong("soft_gate(logits) should return a float tensor of the logits' shape.")
+    low, high = opened.min().item(), opened.max().item()
+    if low < 0 or high > 1:
+        raise Wrong(f"a gate opens from 0 (shut) to 1 (open); yours gave values from {low:.3g} to {high:.3g}.")
+    if opened[0].item() > 0.1 or opened[-1].item() < 0.9:
+        raise Wrong(f"like hard_gate, it should be shut (near 0) at logit -10 and open (near 1) at +10; "
+                    f"yours gives {opened[0].item():.3g} and {opened[-1].item():.3g}.")
+    grad = torch.autograd.grad(opened.sum(), logits, allow_unused=True)[0] if opened.requires_grad else None
+    if grad is None:
+        raise Wrong("no gradient reaches the logits through your function: what does a comparison return, "
+                    "and what did .float() or detach() keep of the graph?")
+    if not bool((grad != 0).any()):
+        raise Wrong("a gradient reaches the logits, but it is 0 everywhere: the gate layer still cannot learn.")
+    model, (X, y) = gated_model_and_batch(gate_fn=soft_gate)
+    nn.functional.mse_loss(model(X), y).backward()
+    gate_grad = model.gate.weight.grad
+    if gate_grad is None or not bool(torch.isfinite(gate_grad).all()) or not bool((gate_grad != 0).any()):
+        raise Wrong("with your function in the model, the gate layer still gets no usable gradient.")
 
 
 @exercise(
@@ -59,7 +95,7 @@ def check_why_no_training(answer) -> None:
 def check_penalty_in_graph(weight_penalty) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
-    penalty = calls_stub(weight_penalty, model)
+    penalty = calls_answer(weight_penalty, model)
     if not isinstance(penalty, torch.Tensor):
         raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
     expected = sum(p.detach().pow(2).sum() for p in model.parameters())
@@ -99,7 +135,7 @@ def check_clipped_step(clipped_step) -> None:
     opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.1)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
     for step in range(3):
-        got = calls_stub(clipped_step, theirs, opt_theirs, X, y, 1.0)
+        got = calls_answer(clipped_step, theirs, opt_theirs, X, y, 1.0)
         want = _reference_step(ours, opt_ours, X, y, 1.0)
         if isinstance(got, torch.Tensor):
             raise Wrong("you returned a tensor; the task asks for a Python float: turn the norm into a number.")
