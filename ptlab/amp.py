@@ -268,7 +268,7 @@ def bf16_matmul_kind(peaks: dict[str, float] | None = None, measure: bool = True
     The kind comes from what torch reports (oneDNN's bf16 support under ONEDNN_MAX_CPU_ISA, the CPU's bf16
     instructions; ATEN_CPU_CAPABILITY does not choose these kernels). The evidence is the bf16/float32 matmul
     peak ratio: from `peaks` (ptlab.timing.matmul_flops' result) when given, else measured once on one thread
-    (about a second) unless measure=False. `.agrees` says whether the ratio lies in the kind's band.
+    (a few seconds on one thread) unless measure=False. `.agrees` says whether the ratio lies in the kind's band.
     """
     kind, reason = classify_bf16_kernels(**_bf16_facts())
     if peaks is None and measure:

@@ -123,8 +123,9 @@ def matmul_flops(dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat1
     An n x n product is 2 n**3 FLOP. The clock is "process" (CPU time of this process, all its
     threads: what other processes do to the cores does not count) on the CPU and "wall" on CUDA, so
     on the CPU the figure is FLOP per CPU-second, the unit of ptlab.amp.speed_comparison. `threads`
-    sets torch's thread count for the measurement (None: as it is); with threads=1 a loaded machine
-    changes the CPU time little, as no thread spins waiting for a sibling that lost its core.
+    sets torch's thread count for the measurement (None: as it is); with threads=1 no thread spins
+    waiting for a sibling that lost its core, so load moves the CPU time less than the wall time (caches and
+    memory are still shared: compare figures of one run).
     Returns {"float32": flop_per_s, "bfloat16": ...}.
     """
     if not isinstance(dtypes, (tuple, list)) or not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):

@@ -91,3 +91,21 @@ def test_bfloat16_spacing_the_messages_state():
     """Between 512 and 1024 bfloat16 values are 4 apart (8 significant bits), from 1024 on 8 apart."""
     assert torch.tensor(1004.0).bfloat16().item() == 1004.0 and torch.tensor(1002.0).bfloat16().item() == 1000.0
     assert torch.tensor(1028.0).bfloat16().item() == 1024.0
+
+
+def test_grads_cleared_between_backward_and_step_are_named_as_such(capsys):
+    def cleared(model, opt, scaler, X, y, max_norm):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.mse_loss(model(X), y)
+        scaler.scale(loss).backward()
+        opt.zero_grad()                                  # the bug: .grad is gone before the step
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    assert check("ch6-amp-step", cleared) == "wrong"
+    out = capsys.readouterr().out
+    assert "did something clear .grad" in out and "(not opt.step())" not in out

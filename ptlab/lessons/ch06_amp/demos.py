@@ -1,4 +1,4 @@
-"""Chapter 6's demonstrations: GradScaler's scale over steps, a float16 running
+"""Chapter 6's demonstrations: GradScaler's scale over steps, a low-precision running
 sum, the two-class loaders the accuracy comparison trains on, and float16 autocast with a
 GradScaler against float32 on a GPU."""
 from __future__ import annotations

@@ -57,9 +57,12 @@ _SCALER_ERRORS = [
                                 "every step."),
     ("unscale_() is being called after step()", "scaler.update() is missing: after scaler.step(opt), call "
                                                 "scaler.update() once in every step."),
-    ("No inf checks were recorded", "scaler.update() found no inf/NaN checks to use: it needs one "
-                                    "scaler.step(opt) (not opt.step()) since the previous update(), so call it "
-                                    "once per step, after scaler.step(opt)."),
+    ("No inf checks were recorded prior to update", "scaler.update() found no inf/NaN checks to use: it needs "
+                                                    "one scaler.step(opt) (not opt.step()) since the previous "
+                                                    "update(), so call it once per step, after scaler.step(opt)."),
+    ("No inf checks were recorded for this optimizer", "no parameter had a gradient when scaler.unscale_ or "
+                                                       "scaler.step ran: did something clear .grad (zero_grad) "
+                                                       "between backward() and the step?"),
     ("unscale_() has already been called", "scaler.unscale_(opt) ran twice before update(): once per step is "
                                            "enough (scaler.step does not unscale again)."),
 ]
