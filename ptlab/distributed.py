@@ -11,8 +11,8 @@ Two ways to start N ranks, both real processes in one gloo process group (nccl o
 Both pick a free port (bind to port 0), give each rank its own threads (OMP_NUM_THREADS), and stop
 everything after `timeout_s`, so nothing can hang a notebook or CI. `run_ranks` starts its ranks with
 forkserver on Linux and with spawn on macOS and Windows (`default_start_method`); `run_torchrun` needs a
-POSIX system (it stops the job through its process group). The rest are the worker functions
-chapter 7 runs in its ranks, and the measured 1-vs-2-process timing with its labelled scaling estimate.
+POSIX system (it stops the job through its process group). Chapter 7's rank functions and its
+scaling measurement live in ptlab/lessons/ch07_ddp/ (their old names here still resolve).
 """
 from __future__ import annotations
 

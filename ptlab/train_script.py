@@ -196,8 +196,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     say(f"{len(train_loader.dataset)} training images, {len(val_loader.dataset)} validation, "
         f"{len(test_loader.dataset)} test" + (" (dry run: a few batches per epoch)" if args.dry_run else ""))
 
-    torch.manual_seed(args.seed)                       # DDP broadcasts rank 0's weights anyway; every rank
-                                                       # then also draws the same random crops and flips
+    torch.manual_seed(args.seed)                       # the same initial weights on every rank
     model = SmallCNN(width=args.width).to(device)      # (B, 3, 32, 32) -> (B, 10)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     torch.manual_seed(args.seed + rank)                # each rank its own augmentations (a resume restores the RNGs)

@@ -172,7 +172,7 @@ def every_rank_writes_the_log(buggy: bool, in_rank: bool = False, folder: str = 
     symptom="with BatchNorm in the model, both ranks wait until the process group's timeout (2 s here, 30 "
             "minutes by default) and the job ends with gloo's timeout error",
     why="""Every rank must issue the same collectives in the same order, and a forward through the DDP wrapper
-    issues some. At the start of a forward that follows a forward with gradients, DDP broadcasts rank 0's
+    issues some. At the start of the first forward, and of a forward that follows a forward run with gradients outside no_sync(), DDP broadcasts rank 0's
     buffers (BatchNorm's running statistics) to the other ranks; and once per run, in the first forward with
     gradients after the first backward, it broadcasts the order of its gradient buckets. An extra forward on
     rank 0 alone adds such a broadcast there, so rank 0 waits in a collective the other rank never starts,
