@@ -241,17 +241,20 @@ def test_cells_that_use_device_run_on_a_second_device(path, monkeypatch):
     chapter = path.stem[:2]
     monkeypatch.chdir(path.parent)
     namespace: dict = {"__name__": "__main__"}
+    mixed = None
     with harness.SecondDevice():
         for i in device_slice(nb):
             filename = f"<{chapter}:c{i}>"
             try:
                 exec(compile(_code(nb.cells[i].source), filename, "exec"), namespace)
             except harness.DeviceMixed as err:
-                pytest.fail(f"{path.name} cell {chapter}:c{i} mixes devices when `device` is a GPU "
-                            f"(simulated): {_failing_line(err, filename, nb.cells[i].source)}\n  {err}",
-                            pytrace=False)
+                mixed = (f"{path.name} cell {chapter}:c{i} mixes devices when `device` is a GPU (simulated): "
+                         f"{_failing_line(err, filename, nb.cells[i].source)}\n  {err}")
+                break
             if DEVICE in names(nb.cells[i].source)[0]:
                 namespace[DEVICE] = harness.SECOND
+    if mixed:
+        pytest.fail(mixed, pytrace=False)
     on_second = [name for name, value in namespace.items() if isinstance(value, torch.nn.Module)
                  and any(p.device == harness.SECOND for p in value.parameters())]
     assert on_second, "no model ended on the simulated device: the notebook's `device` was not used"
