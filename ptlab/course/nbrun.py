@@ -170,8 +170,14 @@ def coalesce_streams(outputs: list) -> list:
 
 
 def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a notebook kernel starts with: this process's, then KERNEL_ENV, then `extra`."""
-    return {**os.environ, **KERNEL_ENV, **(extra or {})}
+    """The environment a notebook kernel starts with: this process's, then KERNEL_ENV, then `extra`; its
+    PYTHONPATH starts with the folder this ptlab is in, so the kernel imports the ptlab that runs it (a
+    kernel starts in the notebook's folder, where `import ptlab` would find the one pip installed, which
+    in a second checkout of the repository is another one)."""
+    env = {**os.environ, **KERNEL_ENV, **(extra or {})}
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *paths])
+    return env
 
 
 def run_notebook(path: Path, write: bool = False, env: dict[str, str] | None = None) -> NotebookRun:

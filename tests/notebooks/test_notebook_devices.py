@@ -32,6 +32,7 @@ import pytest
 import torch
 from notebook_rules import ROOT
 
+import ptlab
 from ptlab.course.nbrun import CPU_ONLY_ENV, kernel_env, notebook_paths
 
 DEVICE = "device"
@@ -240,17 +241,20 @@ def test_cells_that_use_device_run_on_a_second_device(path, monkeypatch):
     chapter = path.stem[:2]
     monkeypatch.chdir(path.parent)
     namespace: dict = {"__name__": "__main__"}
+    mixed = None
     with harness.SecondDevice():
         for i in device_slice(nb):
             filename = f"<{chapter}:c{i}>"
             try:
                 exec(compile(_code(nb.cells[i].source), filename, "exec"), namespace)
             except harness.DeviceMixed as err:
-                pytest.fail(f"{path.name} cell {chapter}:c{i} mixes devices when `device` is a GPU "
-                            f"(simulated): {_failing_line(err, filename, nb.cells[i].source)}\n  {err}",
-                            pytrace=False)
+                mixed = (f"{path.name} cell {chapter}:c{i} mixes devices when `device` is a GPU (simulated): "
+                         f"{_failing_line(err, filename, nb.cells[i].source)}\n  {err}")
+                break
             if DEVICE in names(nb.cells[i].source)[0]:
                 namespace[DEVICE] = harness.SECOND
+    if mixed:
+        pytest.fail(mixed, pytrace=False)
     on_second = [name for name, value in namespace.items() if isinstance(value, torch.nn.Module)
                  and any(p.device == harness.SECOND for p in value.parameters())]
     assert on_second, "no model ended on the simulated device: the notebook's `device` was not used"
@@ -271,7 +275,8 @@ def test_regenerating_outputs_hides_every_cuda_device_and_pins_the_cpu(monkeypat
 
 @pytest.mark.slow
 def test_make_notebooks_kernels_see_no_gpu(tmp_path, monkeypatch):
-    """A real kernel started by execute_in_place: it sees the CPU-only environment and no CUDA device."""
+    """A real kernel started by execute_in_place: it sees the CPU-only environment and no CUDA device, and
+    imports the ptlab this test imports (a worktree's, not the one pip installed elsewhere)."""
     from ptlab.course.nbrun import execute_in_place
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -279,12 +284,12 @@ def test_make_notebooks_kernels_see_no_gpu(tmp_path, monkeypatch):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import os, torch, ptlab\n"
         "print(repr(os.environ['CUDA_VISIBLE_DEVICES']), os.environ['PTLAB_DEVICE'], torch.cuda.device_count(), "
-        "ptlab.get_device())")])
+        f"ptlab.get_device(), ptlab.__file__ == {ptlab.__file__!r})")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     path = tmp_path / "probe.ipynb"
     nbformat.write(nb, path)
     assert execute_in_place([path]) == 0
-    assert nbformat.read(path, as_version=4).cells[0].outputs[0]["text"] == "'' cpu 0 cpu\n"
+    assert nbformat.read(path, as_version=4).cells[0].outputs[0]["text"] == "'' cpu 0 cpu True\n"
 
 
 def test_the_makefile_leaves_the_environment_to_the_command():
