@@ -5,6 +5,10 @@
 
 Without `compute=` there is nothing to compare the waiting with: the report measures the loader alone
 (and, with `workers=(0, 1, 2)`, the same loader at each worker count) and says the verdict is unknown.
+
+`compute` is timed from call to return. A GPU step returns before the GPU has finished its work, so give
+check_loader one that waits for it (`torch.cuda.synchronize()`, or `.item()` on the loss); otherwise the GPU's
+time is not counted as compute and the loader gets the blame. (Read from CUDA's semantics; not run on a GPU here.)
 """
 from __future__ import annotations
 
@@ -54,7 +58,10 @@ class IndexReportingDataset(Dataset):
 
 
 def simulated_step(seconds: float) -> Callable[[Any], None]:
-    """A stand-in compute step that takes `seconds` without using the CPU, like a model step on an accelerator."""
+    """A stand-in compute step that takes `seconds` without using the CPU, like a synchronised model step on an accelerator.
+
+    A real GPU step must wait for the GPU (torch.cuda.synchronize(), or .item() on the loss) to be timed like this one.
+    """
     if not isinstance(seconds, (int, float)) or seconds < 0:
         raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
 
@@ -151,7 +158,9 @@ def _rebuild(loader: DataLoader, *, dataset: Dataset | None = None, num_workers:
 
 
 def _with_index_reporting(loader: DataLoader) -> DataLoader:
-    """The same loader over IndexReportingDataset(dataset): a failing sample is then named by its index."""
+    """The loader rebuilt over IndexReportingDataset(dataset), with its sampler and settings: a failing sample is then
+    named by its index. Not the very same loader: inside a worker, get_worker_info().dataset is the wrapper (your
+    dataset is its `.base`), so a worker_init_fn that sets attributes on the dataset sets them on the wrapper."""
     if isinstance(loader.dataset, IterableDataset):
         return loader  # no indices to report
     return _rebuild(loader, dataset=IndexReportingDataset(loader.dataset))
@@ -179,16 +188,21 @@ def _verdict(wait_share: float, num_workers: int, has_compute: bool = True) -> t
         return "unknown", NO_COMPUTE_STEP
     cores = usable_cpus()
     if wait_share < INPUT_BOUND_WAIT_SHARE:
-        return "compute-bound", ("the loader keeps up; speed up the step itself (batch size, mixed precision, "
-                                 "torch.compile) before touching the loader")
+        remaining = "; without workers that waiting is serial, and num_workers=2 can overlap it" if num_workers == 0 else ""
+        return "compute-bound", (f"training waits for data less than {INPUT_BOUND_WAIT_SHARE:.0%} of the time, so the "
+                                 "step itself is the larger cost: speed it up first (batch size, mixed precision, "
+                                 "torch.compile)" + remaining)
     if num_workers == 0:
         # No core count in this line: the report is stored in notebooks that must read the same on every machine.
-        return "input-bound", (f"load in parallel: try num_workers={min(2, cores)}, then more while samples/s "
-                               "rises, up to the cores this process may use")
+        return "input-bound", ("load in parallel: try num_workers=2, then more while samples/s rises (about as many "
+                               "as the cores this process may use when samples cost CPU; more when they wait on "
+                               "disk or network)")
     if num_workers < cores:
-        return "input-bound", f"raise num_workers towards {cores}, the cores this process may use"
-    return "input-bound", ("workers already fill the cores: make each sample cheaper (per-batch transforms after "
-                           "collation, cache decoded data, smaller files)")
+        return "input-bound", (f"raise num_workers towards {cores}, the cores this process may use (beyond them "
+                               "if samples wait on disk or network)")
+    return "input-bound", ("if samples cost CPU, the workers already fill the cores: make each sample cheaper "
+                           "(per-batch transforms after collation, cache decoded data, smaller files); if they "
+                           "wait on disk or network, more workers than cores can still help")
 
 
 def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, *, warmup_batches: int = 2,
@@ -196,7 +210,9 @@ def check_loader(loader: Iterable, compute: Callable[[Any], Any] | None = None, 
     """Iterate a loader, time waiting for each batch vs `compute(batch)`, and say which one limits throughput.
 
     Without `compute` the verdict is "unknown": the loader alone is measured, and nothing is claimed about
-    whether training would wait for it. `workers=(0, 1, 2)` (a DataLoader only) also measures the loader alone
+    whether training would wait for it. The pass draws from the loader's generator as an epoch would (the next
+    epoch's order changes), and runs over the loader rebuilt with an index-reporting dataset (see
+    _with_index_reporting). `workers=(0, 1, 2)` (a DataLoader only) also measures the loader alone
     at each of those num_workers, one after the other, for the report's `samples_per_s_by_workers`.
     """
     worker_counts = _check_args(loader, compute, warmup_batches, max_batches, workers)
