@@ -23,21 +23,29 @@ def usable_cpus() -> int:
 
 
 def seed_worker_numpy_rng(worker_id: int) -> None:
-    """worker_init_fn: give the worker's copy of dataset.rng its own seed (differs per worker and per epoch)."""
+    """worker_init_fn: give the worker's copy of dataset.rng its own seed (differs per worker and per worker start).
+
+    Workers start every epoch, or once with persistent_workers=True. The dataset must be the loader's own: a
+    wrapper (ptlab.loader_check.check_loader wraps it, for one) has no `rng` and gets an AttributeError.
+    """
     info = get_worker_info()
     if info is None:
         raise RuntimeError("seed_worker_numpy_rng is a worker_init_fn: pass it to DataLoader(worker_init_fn=...)")
     if not hasattr(info.dataset, "rng"):
         raise AttributeError(f"seed_worker_numpy_rng expected the dataset to have an `rng` attribute; "
                              f"{type(info.dataset).__name__} has none")
-    info.dataset.rng = np.random.default_rng(info.seed)  # info.seed = base_seed + worker_id, new each epoch
+    info.dataset.rng = np.random.default_rng(info.seed)  # info.seed = base_seed + worker_id, new at each start
 
 
 def seed_numpy_from_torch(worker_id: int) -> None:
-    """worker_init_fn: seed numpy's global RNG and Python's random from the worker's torch seed.
+    """worker_init_fn: reseed numpy's global RNG and Python's random with torch.initial_seed() % 2**32.
 
-    torch.initial_seed() in a worker is the DataLoader's base seed + worker id, and the base seed is drawn from
-    the DataLoader's `generator`: one seeded generator makes every worker's randomness repeatable.
+    Rarely needed: DataLoader already seeds both in every worker it starts (random with base_seed + worker_id,
+    numpy with a 128-bit seed hashed from base_seed and worker_id), and the base seed follows the loader's
+    `generator`. This function replaces numpy's hashed seed by a 32-bit one: the pattern of PyTorch's
+    reproducibility notes, needed before torch 1.9, which started seeding numpy in workers. What does need a
+    worker_init_fn is randomness torch cannot see: a Generator stored on the dataset (seed_worker_numpy_rng)
+    or another library's own RNG.
     """
 
     seed = torch.initial_seed() % 2**32
@@ -111,7 +119,7 @@ def image_folder_skipping_unreadable(root: str | Path, transform: Callable | Non
 
 
 def relabel_image_folder(folder, class_to_idx: dict[str, int]):
-    """Give an ImageFolder the label order you intend instead of the alphabetical one it picked."""
+    """Give an ImageFolder the label order you intend instead of the sorted one it picked."""
     found = set(folder.class_to_idx)
     if set(class_to_idx) != found:
         raise ValueError(f"class_to_idx must name exactly the folder's classes {sorted(found)}, "

@@ -1,4 +1,9 @@
-"""Chapter 3 exercises: the worker-seeding checker under the platform's default start method."""
+"""Chapter 3 exercises: right answers accepted, wrong ones rejected (an unseeded worker too), stubs not attempted."""
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from ptlab import check
 from ptlab.lessons.ch03_data.exercises import _start_method_for, check_worker_seeding
 from ptlab.workers import seed_worker_numpy_rng
 
@@ -6,3 +11,47 @@ from ptlab.workers import seed_worker_numpy_rng
 def test_the_seeding_exercise_runs_a_module_function_under_the_default_start_method():
     assert _start_method_for(seed_worker_numpy_rng) is None
     check_worker_seeding(seed_worker_numpy_rng)   # raises Wrong if the draws repeat
+
+
+def reseed_from_the_os(worker_id):
+    """Distinct in every worker and epoch, but never repeatable: OS entropy."""
+    get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def reseed_from_torch(worker_id):
+    get_worker_info().dataset.rng = np.random.default_rng(torch.initial_seed())
+
+
+def not_reseeded(worker_id):
+    pass
+
+
+def stub(worker_id):
+    ...
+
+
+def test_worker_seeding_accepts_seeds_from_the_loader_and_rejects_os_entropy(capsys):
+    assert check("ch3-worker-seeding", reseed_from_torch) == "correct"
+    assert check("ch3-worker-seeding", reseed_from_the_os) == "wrong"
+    assert "same generator seed" in capsys.readouterr().out
+    assert check("ch3-worker-seeding", not_reseeded) == "not attempted"   # a body of `pass` is the stub too
+    assert check("ch3-worker-seeding", stub) == "not attempted"
+
+
+def test_label_lookup_and_batch_count(capsys):
+    def right(class_to_idx, classes):
+        return [classes.index(name) for name in sorted(class_to_idx, key=class_to_idx.get)]
+
+    def inverse(class_to_idx, classes):
+        return [class_to_idx[name] for name in classes]
+
+    assert check("ch3-label-lookup", right) == "correct"
+    assert check("ch3-label-lookup", inverse) == "wrong"
+    assert "inverse" in capsys.readouterr().out
+    assert check("ch3-label-lookup", lambda class_to_idx, classes: ...) == "not attempted"
+    assert check("ch3-batch-count", (16, 15)) == "correct"
+    assert check("ch3-batch-count", (15, 16)) == "wrong"
+    assert check("ch3-batch-count", (16, 16)) == "wrong"
+    assert check("ch3-batch-count", ...) == "not attempted"
+    hints = capsys.readouterr().out
+    assert "15 * 64" not in hints and "= 15" not in hints     # the hint leads to the count, it does not do it

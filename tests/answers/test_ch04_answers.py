@@ -1,27 +1,33 @@
-"""Chapter 4 exercises: right answers accepted, typical wrong ones rejected with the hint that names the fault."""
+"""Chapter 4 exercises: right answers accepted, typical wrong ones rejected with a hint, the untouched cells not attempted."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from ptlab import check
-from ptlab.lessons.ch04_cnn_training.exercises import _variant, mystery_setup, reference_train_steps
+from ptlab.lessons.ch04_cnn_training.exercises import (_same_code, _variant, mystery_setup, reference_train_steps,
+                                                      untouched_train_steps)
 from ptlab.models import SmallCNN
 from ptlab.overfit import OverfitFailed, overfit_one_batch
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_cnn_training.ipynb"
 
 
 def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> None:
     assert check("ch4-fix-training-loop", reference_train_steps) == "correct"
     assert check("ch4-fix-training-loop", lambda m, o, b: _variant(m, o, b, zero_grad=False)) == "wrong"
-    assert "zero_grad" in capsys.readouterr().out
+    assert "sum of every gradient" in capsys.readouterr().out
     assert check("ch4-fix-training-loop", lambda m, o, b: _variant(m, o, b, softmax=True)) == "wrong"
-    assert "logits" in capsys.readouterr().out
+    assert "cross_entropy had been given" in capsys.readouterr().out
 
     def no_eval(model, batches):
         with torch.no_grad():
             return sum(int((model(X).argmax(1) == y).sum()) for X, y in batches) / 64
 
     assert check("ch4-evaluate-without-side-effects", no_eval) == "wrong"
-    assert "model.eval()" in capsys.readouterr().out
+    assert "ran in train mode" in capsys.readouterr().out
     model, batch = mystery_setup()
     with pytest.raises(OverfitFailed) as failure:
         overfit_one_batch(model, batch)
@@ -33,3 +39,24 @@ def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> No
     assert check("ch4-overfit-cause", lambda m: m.apply(lambda mod: mod.reset_parameters()
                                                         if isinstance(mod, nn.Linear) else None).requires_grad_(True)) == "wrong"
     assert "weights changed" in capsys.readouterr().out
+
+
+def test_an_evaluation_that_always_ends_in_train_mode_is_wrong(capsys) -> None:
+    def ends_in_train_mode(model, batches):
+        model.eval()
+        with torch.no_grad():
+            correct = sum(int((model(X).argmax(1) == y).sum()) for X, y in batches)
+        model.train()
+        return correct / sum(len(y) for _, y in batches)
+
+    assert check("ch4-evaluate-without-side-effects", ends_in_train_mode) == "wrong"
+    assert "left it in train mode" in capsys.readouterr().out
+
+
+def test_the_loop_as_handed_out_is_not_attempted_and_is_the_notebooks_cell(capsys) -> None:
+    assert check("ch4-fix-training-loop", untouched_train_steps) == "not attempted"
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]]
+    cell = next(c for c in cells if 'check("ch4-fix-training-loop"' in c)
+    namespace = {"nn": nn, "check": lambda *args: None}
+    exec(cell, namespace)
+    assert _same_code(namespace["train_steps"], untouched_train_steps)

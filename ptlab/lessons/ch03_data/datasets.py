@@ -172,7 +172,11 @@ class ShardedNumberStream(NumberStream):
 
 
 class WorkerSeeds(Dataset):
-    """Sample i is (i, worker id, torch.initial_seed() in that worker): what seed each worker's torch RNG got."""
+    """Sample i is (i, worker id, torch.initial_seed(), np.random.random()) in the process that loads it.
+
+    The third is the seed the worker's torch RNG got; the fourth a draw from numpy's global RNG, which DataLoader
+    seeds in each worker too (worker id -1: the main process).
+    """
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -180,9 +184,9 @@ class WorkerSeeds(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> tuple[int, int, int]:
+    def __getitem__(self, index: int) -> tuple[int, int, int, float]:
         info = get_worker_info()
-        return index, (-1 if info is None else info.id), torch.initial_seed()
+        return index, (-1 if info is None else info.id), torch.initial_seed(), float(np.random.random())
 
 
 def corrupt_files(paths: Sequence[Path], keep_bytes: int = 200) -> None:

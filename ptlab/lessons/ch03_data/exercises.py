@@ -9,9 +9,10 @@ from ptlab.lessons.ch03_data.datasets import AugmentWithNumpyRng
 
 @exercise(
     id="ch3-label-lookup", chapter=3,
-    task="write label_lookup(class_to_idx, intended) returning a list where lookup[folder_label] is the "
-         "index of the same class in the list `intended`",
-    hint="loop over class_to_idx.items(): the folder index is the position, intended.index(name) the value",
+    task="write label_lookup(class_to_idx, classes) returning a list where lookup[folder_label] is the "
+         "index of the same class in the list `classes` (the class names in your weights' order)",
+    hint="work from one folder label at a time: which class name did ImageFolder give that label, and where "
+         "does that name sit in your own list?",
 )
 def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any]) -> None:
     cases = [["arrow_up", "arrow_down", "circle", "ring"], ["cat", "ant", "bee"]]
@@ -57,9 +58,11 @@ def _start_method_for(fn: Callable) -> str | None:
 @exercise(
     id="ch3-worker-seeding", chapter=3,
     task="write a worker_init_fn that reseeds the dataset's numpy Generator (dataset.rng) so 2 workers over "
-         "2 epochs draw 16 distinct augmentations from AugmentWithNumpyRng(8)",
-    hint="inside the worker, torch.utils.data.get_worker_info() gives .dataset (the worker's copy) and .seed "
-         "(different per worker and per epoch): set info.dataset.rng = np.random.default_rng(info.seed)",
+         "2 epochs draw 16 distinct augmentations from AugmentWithNumpyRng(8), and the same 16 again when the "
+         "run is repeated with the same generator seed",
+    hint="a worker_init_fn runs inside each worker, where torch.utils.data.get_worker_info() describes that "
+         "worker: its own copy of the dataset, and a seed that differs per worker and per epoch and follows the "
+         "DataLoader's generator. Reseed from that seed, never from the clock or the OS, so a rerun repeats",
 )
 def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
     import torch
@@ -70,23 +73,31 @@ def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
         raise Wrong(f"expected a function, got {type(init_fn).__name__}")
     if _is_empty(init_fn):
         raise NotAttempted
-    loader = DataLoader(AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=init_fn,
-                        multiprocessing_context=_start_method_for(init_fn),
-                        generator=torch.Generator().manual_seed(0))
+    context = _start_method_for(init_fn)
+
+    def two_epochs(seed: int) -> list[int]:
+        loader = DataLoader(AugmentWithNumpyRng(n=8), batch_size=2, num_workers=2, worker_init_fn=init_fn,
+                            multiprocessing_context=context, generator=torch.Generator().manual_seed(seed))
+        return [v for _ in range(2) for batch in loader for v in batch.tolist()]
+
     try:
-        draws = [v for _ in range(2) for batch in loader for v in batch.tolist()]
+        draws, again = two_epochs(0), two_epochs(0)
     except Exception as err:
         last = str(err).strip().splitlines()[-1]
         raise Wrong(f"the DataLoader raised: {last}") from None
     if len(set(draws)) < len(draws):
         raise Wrong(f"{len(set(draws))} distinct draws out of {len(draws)}: some worker or epoch still repeats.")
+    if draws != again:
+        raise Wrong("the draws are distinct, but a second run with the same generator seed drew other values: "
+                    "your seed does not come from the DataLoader, so no run can be repeated.")
 
 
 @exercise(
     id="ch3-batch-count", chapter=3,
     task="how many batches does a DataLoader over 1000 samples with batch_size=64 yield, with drop_last=False "
          "and with drop_last=True? Answer as a tuple (without_drop, with_drop)",
-    hint="1000 = 15 * 64 + 40: the last 40 samples form a short batch unless drop_last throws them away",
+    hint="count the full batches of 64 that fit in 1000 samples, then ask what happens to the samples left over "
+         "with each setting of drop_last",
 )
 def check_batch_count(answer: Any) -> None:
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ptlab.claims import measured
-from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
 from ptlab.models import SmallCNN
 from ptlab.overfit import overfit_one_batch
 
@@ -35,6 +35,27 @@ def reference_train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, ba
     return total / len(batches)
 
 
+# Exercise 4.1's loop exactly as the notebook hands it out, four bugs included: checked, it is "not attempted".
+# (No docstring: it would be one of the code's constants, and the notebook's copy has none.)
+def untouched_train_steps(model, optimizer, batches):
+    model.eval()
+    total = 0
+    for X, y in batches:
+        probs = model(X).softmax(dim=1)
+        loss = nn.functional.cross_entropy(probs, y)
+        loss.backward()
+        optimizer.step()
+        total = total + loss
+    return total / len(batches)
+
+
+def _same_code(fn, other) -> bool:
+    """True when fn compiles to the same code as other (its source unchanged, wherever it was defined)."""
+    a, b = getattr(fn, "__code__", None), other.__code__
+    fields = ("co_code", "co_names", "co_varnames", "co_consts")
+    return a is not None and all(getattr(a, f) == getattr(b, f) for f in fields)
+
+
 def _run(train_steps, seed: int = 0) -> tuple[object, nn.Module]:
     model, batches = _tiny_problem(seed)
     model.eval()  # a loop must set train mode itself
@@ -59,21 +80,25 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
          "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps alive",
 )
 def check_fix_training_loop(train_steps) -> None:
+    if _same_code(train_steps, untouched_train_steps):
+        raise NotAttempted
     result, model = _run(train_steps)
     if isinstance(result, torch.Tensor):
-        raise Wrong("you return a tensor: accumulate loss.item(), or the sum keeps every batch's graph alive.")
+        raise Wrong("you return a tensor, not a float; and each loss tensor added to a running total keeps "
+                    "something of its batch alive.")
     if not isinstance(result, (int, float)) or not math.isfinite(result):
         raise Wrong(f"return the mean loss as a float, got {result!r}.")
     if not model.training:
-        raise Wrong("after your loop the model is still in eval mode: BatchNorm and Dropout never trained.")
+        raise Wrong("after your loop BatchNorm and Dropout still behave as they do at evaluation.")
     expected, reference = _run(reference_train_steps)
     if not _same(model, reference):
         no_zero = _run(lambda m, o, b: _variant(m, o, b, zero_grad=False))[1]
         softmax = _run(lambda m, o, b: _variant(m, o, b, softmax=True))[1]
         if _same(model, no_zero):
-            raise Wrong("the weights moved as if gradients piled up: is optimizer.zero_grad() missing?")
+            raise Wrong("the weights moved as if each step used the sum of every gradient so far.")
         if _same(model, softmax):
-            raise Wrong("the weights moved as if the loss saw probabilities: cross_entropy wants raw logits.")
+            raise Wrong("the weights moved as if cross_entropy had been given something other than what it "
+                        "expects as input.")
         raise Wrong("after your loop the weights differ from a correct loop's.")
     if abs(result - expected) > 1e-5:
         raise Wrong(f"the weights are right, but you return {measured(result)}; the mean training loss was "
@@ -113,11 +138,11 @@ def check_evaluate_without_side_effects(measure_accuracy) -> None:
     if not isinstance(result, (int, float)) or not 0.0 <= result <= 1.0:
         raise Wrong(f"return the accuracy as a float between 0 and 1, got {result!r}.")
     if any(not torch.equal(a, b) for a, b in zip(buffers, model.buffers())):
-        raise Wrong("BatchNorm's running statistics changed: the model ran in train mode (model.eval() missing).")
+        raise Wrong("BatchNorm's running statistics changed: the forward passes ran in train mode.")
     if not grad_modes:
         raise Wrong("your function never called the model.")
     if any(grad_modes):
-        raise Wrong("the forward passes recorded a graph: wrap them in torch.no_grad().")
+        raise Wrong("the forward passes recorded an autograd graph, which counting right answers never needs.")
     if not model.training:
         raise Wrong("the model was in train mode before and is in eval mode now: restore its mode.")
     probe = copy.deepcopy(model).eval()
@@ -127,6 +152,11 @@ def check_evaluate_without_side_effects(measure_accuracy) -> None:
     if abs(result - expected) > 1e-9:
         raise Wrong(f"you return {measured(result)}; the accuracy over all {sum(len(y) for _, y in batches)} examples "
                     f"is {measured(expected)} (average over examples, not batches).")
+    model.eval()                                                # and from eval mode, eval mode it must stay
+    calls_stub(measure_accuracy, model, batches)
+    if model.training:
+        raise Wrong("called on a model in eval mode, your function left it in train mode: restore the mode it had, "
+                    "whichever that was.")
 
 
 def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:

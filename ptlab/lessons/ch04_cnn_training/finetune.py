@@ -2,8 +2,8 @@
 
 The backbone is `ptlab.reference.pretrained_backbone()`, trained on PRETRAIN_CLASSES only; the new task is
 FINETUNE_CLASSES with a handful of labelled training images per class (`few_shot_batches`), scored on all of
-their test images (`new_class_accuracy`). `no_downloads()` makes any attempt to fetch weights fail loudly, so
-a cell can show that torchvision's weight enums describe weights without downloading them.
+their test images (`new_class_accuracy`). `no_downloads()` blocks the two functions torch.hub and torchvision
+fetch weights through, so a cell can show that torchvision's weight enums describe weights without downloading them.
 """
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ class DownloadBlocked(RuntimeError):
 
 @contextlib.contextmanager
 def no_downloads() -> Iterator[list[str]]:
-    """Inside the block, opening any URL (torch.hub's downloads, urllib) raises DownloadBlocked.
+    """Inside the block, torch.hub.urlopen and urllib.request.urlopen raise DownloadBlocked and record the URL.
 
+    That is the path torch.hub and torchvision download weights through. It is not a network sandbox: a urlopen
+    imported before the block, or http.client, socket and other libraries, are not blocked or recorded.
     Yields the list of URLs that something tried to open, so a cell can check it stayed empty.
     """
     import torch.hub

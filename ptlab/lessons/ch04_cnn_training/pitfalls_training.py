@@ -78,7 +78,7 @@ def missing_zero_grad_training(buggy: bool) -> Outcome:
     id="eval-without-eval-mode", chapter=4,
     title="Evaluating without model.eval(): BatchNorm uses each test batch's statistics and overwrites its own",
     symptom="evaluated at batch 8, accuracy is more than 0.03 below the eval-mode accuracy, "
-            "and the running statistics have moved",
+            "and a running statistic moves by more than 0.5",
     why="""In train mode BatchNorm normalises with the mean and variance of the current batch, so each
     prediction depends on which other images share its batch: noisy at batch 8. It also updates its
     running_mean and running_var from those batches (momentum 0.1): in train mode every forward pass
@@ -109,7 +109,7 @@ def eval_without_eval_mode(buggy: bool) -> Outcome:
         figures={"accuracy, eval mode, batch 500": reference, "accuracy as evaluated, batch 8": correct / 2000,
                  "largest change of a running statistic": drift, "accuracy afterwards, eval mode": after},
         checks=[Check("accuracy at batch 8 minus eval-mode accuracy", correct / 2000 - reference, "< -0.03"),
-                Check("largest change of a running statistic", drift, "> 0")],
+                Check("largest change of a running statistic", drift, "> 0.5")],
     )
 
 
@@ -189,7 +189,8 @@ def softmax_before_cross_entropy(buggy: bool) -> Outcome:
     why="""Outside no_grad every forward records a graph and saves the activations backward would need.
     Evaluation never calls backward, so they are freed only when the output is: keep the logits of every
     batch (for a confusion matrix, say) and you keep every batch's activations with them. Memory grows
-    with the test set; on a GPU that is an out-of-memory error halfway through evaluation. The accuracy
+    with the test set; on a GPU, with a test set large enough, that becomes an out-of-memory error halfway
+    through evaluation. The accuracy
     is not affected (the figures show it both ways): this bug costs memory, not accuracy. The MiB are
     measured: a saved-tensor hook records every tensor autograd saves, and counts the storages still
     alive after the loop.""",
@@ -227,12 +228,13 @@ def eval_without_no_grad(buggy: bool) -> Outcome:
             "(it starts at ln(10) = 2.303)",
     why="""Adam divides each gradient by its running root-mean-square, so every weight moves by about lr
     per step, whatever the gradient's size. At lr=1000 the head's weights jump by about a thousand
-    each step, the logits follow, and the cross-entropy of the wrong class reaches the hundreds.
-    BatchNorm renormalises the hidden activations, so nothing overflows: the loss stays finite and
-    training simply destroys the model. A NaN needs another mechanism, for example AdamW's decoupled
-    weight decay (default 0.01): each step multiplies every weight by 1 - lr * weight_decay, which is
-    1 - 1000 * 0.01 = -9 here, so the weights grow ninefold per step and overflow float32 within about
-    40 steps (the chapter checks that multiplier).""",
+    each step, the logits follow, and within a few steps the loss is orders of magnitude above where it
+    started; after 40 steps it is still far above ln(10). BatchNorm renormalises the hidden activations,
+    so nothing overflows: every loss of this run is finite (the figures count the others), and training
+    simply destroys the model. A NaN needs another mechanism, for example AdamW's decoupled weight decay
+    (default 0.01): each step multiplies every weight by 1 - lr * weight_decay, which is
+    1 - 1000 * 0.01 = -9 here, so the weights grow ninefold per step and pass float32's largest value
+    within 40 steps (the chapter checks that multiplier and that count).""",
     catch="""Log the loss every step: a loss far above its starting value (ln(num_classes) for a fresh
     classifier) means the step is too large; stop at the first non-finite one with torch.isfinite(loss).
     Start from a known-good learning rate (1e-3 to 1e-2 for Adam), keep lr * weight_decay far below 1,
@@ -255,7 +257,8 @@ def learning_rate_too_high(buggy: bool) -> Outcome:
         losses.append(loss.item())
     return Outcome(
         figures={"learning rate": f"{lr:g}", "first loss": losses[0], "largest loss": max(losses),
-                 "loss, last 5 steps": _smooth(losses, k=5)},
+                 "loss, last 5 steps": _smooth(losses, k=5),
+                 "non-finite losses": sum(not math.isfinite(v) for v in losses)},
         checks=[Check("largest training loss", max(losses), "> 100"),
                 Check("training loss, last 5 steps", _smooth(losses, k=5), "> 10")],
         series={"log10 training loss": [math.log10(v) for v in losses]},
