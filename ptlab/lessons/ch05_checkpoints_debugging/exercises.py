@@ -59,50 +59,41 @@ def _stale_gradient(model):
         p.grad = torch.full_like(p, 0.1)
 
 
-# Typical mistakes, each run on the exercise's problem: what its weights would be tells the learner's apart.
-def _no_scaling(model, opt, micro):
-    opt.zero_grad()
-    for X, y in micro:
-        nn.functional.cross_entropy(model(X), y).backward()
-    opt.step()
+_LR, _K = 0.5, 4
 
 
-def _no_zero_grad(model, opt, micro):
-    for X, y in micro:
-        (nn.functional.cross_entropy(model(X), y) / len(micro)).backward()
-    opt.step()
+def _gradient(model, X, y, scale=1.0):
+    """d(scale * mean cross-entropy)/d(parameters), without touching .grad."""
+    return torch.autograd.grad(nn.functional.cross_entropy(model(X), y) * scale, list(model.parameters()))
 
 
-def _zero_grad_in_loop(model, opt, micro):
-    for X, y in micro:
-        opt.zero_grad()
-        (nn.functional.cross_entropy(model(X), y) / len(micro)).backward()
-    opt.step()
-
-
-def _step_in_loop(model, opt, micro):
-    opt.zero_grad()
-    for X, y in micro:
-        (nn.functional.cross_entropy(model(X), y) / len(micro)).backward()
-        opt.step()
+def _weights_after_mistake(mistake: str) -> list[torch.Tensor]:
+    """The weights a typical wrong step would leave, computed from gradients (not by running the wrong code)."""
+    model, X, y = _accumulation_problem()
+    micro = [(X[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+    if mistake == "step-in-loop":                     # one SGD step per micro-batch, on the gradients so far
+        total = [torch.zeros_like(p) for p in model.parameters()]
+        for X_i, y_i in micro:
+            total = [t + g for t, g in zip(total, _gradient(model, X_i, y_i, 1 / _K))]
+            with torch.no_grad():
+                for p, t in zip(model.parameters(), total):
+                    p -= _LR * t
+        return [p.detach() for p in model.parameters()]
+    gradient = {"no-scaling": lambda: _gradient(model, X, y, _K),               # K means summed, not averaged
+                "stale": lambda: [g + 0.1 for g in _gradient(model, X, y)],     # the old 0.1 added
+                "zero-in-loop": lambda: _gradient(model, *micro[-1], 1 / _K),   # the last micro-batch only
+                }[mistake]()
+    return [(p - _LR * g).detach() for p, g in zip(model.parameters(), gradient)]
 
 
 _MISTAKES = (
-    (_no_scaling, "each micro-batch's loss counts in full, so the step is K = 4 times too large: "
-                  "divide each micro-batch's loss by K"),
-    (_no_zero_grad, "the step used the gradient left over from earlier work: zero the gradients once, before the loop"),
-    (_zero_grad_in_loop, "only the last micro-batch's gradient reached the step: zeroing inside the loop throws "
-                         "the others away; zero once, before the loop"),
-    (_step_in_loop, "that is K optimizer steps, one per micro-batch: step once, after the loop"),
+    ("no-scaling", "each micro-batch's loss counts in full, so the step is K = 4 times too large: "
+                   "divide each micro-batch's loss by K"),
+    ("stale", "the step used the gradient left over from earlier work: zero the gradients once, before the loop"),
+    ("zero-in-loop", "only the last micro-batch's gradient reached the step: zeroing inside the loop throws "
+                     "the others away; zero once, before the loop"),
+    ("step-in-loop", "that is K optimizer steps, one per micro-batch: step once, after the loop"),
 )
-
-
-def _weights_after(step_fn):
-    model, X, y = _accumulation_problem()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    _stale_gradient(model)
-    step_fn(model, opt, [(X[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
-    return [p.detach() for p in model.parameters()]
 
 
 @exercise(
@@ -117,11 +108,11 @@ def check_accumulate_gradients(accumulated_step) -> None:
         raise NotAttempted
     model, X, y = _accumulation_problem()
     reference = copy.deepcopy(model)
-    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.5)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=_LR)
     opt_ref.zero_grad()
     nn.functional.cross_entropy(reference(X), y).backward()
     opt_ref.step()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=_LR)
     _stale_gradient(model)                                # a stale gradient from earlier work: the step must not use it
     micro = [(X[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
     result = accumulated_step(model, opt, micro)
@@ -135,7 +126,7 @@ def check_accumulate_gradients(accumulated_step) -> None:
     if error > 1e-6:
         mine = [p.detach() for p in model.parameters()]
         for mistake, advice in _MISTAKES:
-            if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine, _weights_after(mistake))):
+            if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine, _weights_after_mistake(mistake))):
                 raise Wrong(f"your step differs from the whole-batch step: {advice}")
         expected = max((p - before[n]).abs().max().item() for n, p in reference.named_parameters())
         raise Wrong(f"your step differs from the whole-batch step (it moved the weights {moved / expected:.1f}x as "
