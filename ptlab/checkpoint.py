@@ -142,6 +142,9 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     A DistributedDataParallel or DataParallel wrapper is loaded through its .module, as it was saved.
     map_location="cpu" (the default) loads a checkpoint written on a GPU on a machine without one;
     the optimizer's state then follows the model's parameters to wherever the model is.
+    restore_random=True (the default, for resuming) also sets torch's, NumPy's and Python's global random
+    generators back to their state at the save; pass restore_random=False to load weights for evaluation
+    or inspection without rewinding them.
     """
     path = Path(path)
     if not path.is_file():

@@ -153,7 +153,9 @@ class LRRangeResult:
         low, high = self.suggested
         end = (f"diverged at lr {measured(self.diverged_at, 2)}" if self.diverged_at
                else "did not diverge: extend end_lr to see where it does")
-        return (f"lr range test over {len(self.lrs)} steps: lowest smoothed loss at lr {measured(self.best_lr, 2)}; "
+        # Where the loss takes off depends on float rounding, so the number of steps before it is measured.
+        steps = measured(float(len(self.lrs))) if self.diverged_at else str(len(self.lrs))
+        return (f"lr range test over {steps} steps: lowest smoothed loss at lr {measured(self.best_lr, 2)}; "
                 f"{end}; try a peak lr between {measured(low, 2)} and {measured(high, 2)}")
 
     def plot(self):

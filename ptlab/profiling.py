@@ -5,10 +5,21 @@ two `record_function` ranges, "data" (waiting for the next batch) and "compute" 
 optimizer step), and says whether the step is input-bound or compute-bound from their totals.
 `profiled()` is the same profiler around any block of code. Both can write a Chrome trace that
 opens in https://ui.perfetto.dev or chrome://tracing.
+
+The printed tables are narrow (operator, self time, share, calls; device time when a GPU was
+profiled); torch's own tables with every column are `report.full_table` and `report.full_memory_table`.
+One known message is held back: torch's CPU allocator warns, once per process, that "Memory block of
+unknown size was allocated before the profiling started". It means that a tensor made before the
+profile (a weight, a gradient of the step before) was freed inside it, so that free has no matching
+allocation in the memory table; it is harmless. Everything else written to stderr during the
+profiled block is passed on when the block ends.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -20,6 +31,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ptlab.claims import measured
 
 DATA, COMPUTE = "data", "compute"
+# The one line of native stderr the profiler's block holds back (see the module docstring).
+ALLOCATED_BEFORE_PROFILING = "was allocated before the profiling started"
+_NAME_WIDTH = 44
 LOADER_KEEPS_UP_SHARE = 0.10   # waiting for data less than this share of the step: the loader keeps up
 INPUT_BOUND_SHARE = 0.5        # more than this: the step is input-bound
 
@@ -32,6 +46,8 @@ class ProfileReport:
     ranges_ms: dict[str, float] = field(default_factory=dict)
     peak_memory_table: str = ""
     trace: Path | None = None
+    full_table: str = ""         # torch's key_averages().table(...) with every column, by self CPU time
+    full_memory_table: str = ""  # the same, by the CPU memory each operator allocated
 
     @property
     def data_share(self) -> float | None:
@@ -64,11 +80,13 @@ class ProfileReport:
 
     def __str__(self) -> str:
         ranges = "\n".join(f"  {name:<10}{measured(ms)} ms" for name, ms in self.ranges_ms.items())
-        parts = ["top operators by self CPU time:", self.table, "named ranges (total):", ranges]
+        parts = ["top operators by self CPU time (every column: report.full_table):", self.table,
+                 "named ranges (total):", ranges]
         if self.peak_memory_table:
-            parts += ["operators by memory they allocated:", self.peak_memory_table]
+            parts += ["operators by memory they allocated (every column: report.full_memory_table):",
+                      self.peak_memory_table]
         if self.trace is not None:
-            parts.append(f"trace written to {self.trace.name}: open it in https://ui.perfetto.dev or chrome://tracing")
+            parts.append(f"trace written to {_shown(self.trace)}: open it in https://ui.perfetto.dev or chrome://tracing")
         parts.append(self.verdict)
         return "\n".join(parts)
 
@@ -80,13 +98,58 @@ def _activities() -> list[ProfilerActivity]:
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
 
 
+def _shown(path: Path) -> str:
+    """A path as the learner finds it: as given when relative, relative to the working folder when inside it."""
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _ms(microseconds: float) -> str:
+    return f"{microseconds / 1000:.2f} ms"
+
+
+def _mib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**20:.2f} MiB"
+
+
+def _narrow(averages, skip: set[str], row_limit: int, memory: bool) -> str:
+    """A table of the top operators with few columns: by self CPU time, or by the CPU memory they allocated."""
+    events = [e for e in averages if e.key not in skip]
+    device = any(e.self_device_time_total for e in events)
+    if memory:
+        device_memory = any(e.self_device_memory_usage for e in events)
+        events.sort(key=lambda e: e.self_cpu_memory_usage, reverse=True)
+        columns = [("self CPU memory", lambda e: _mib(e.self_cpu_memory_usage))]
+        if device_memory:
+            columns.append(("self device memory", lambda e: _mib(e.self_device_memory_usage)))
+    else:
+        total = sum(e.self_cpu_time_total for e in events) or 1.0
+        events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        columns = [("self CPU", lambda e: _ms(e.self_cpu_time_total)),
+                   ("share", lambda e: f"{100 * e.self_cpu_time_total / total:.1f}%")]
+        if device:
+            columns.append(("self device", lambda e: _ms(e.self_device_time_total)))
+    columns.append(("calls", lambda e: str(e.count)))
+    rows = [[e.key if len(e.key) <= _NAME_WIDTH else e.key[:_NAME_WIDTH - 3] + "..."] + [f(e) for _, f in columns]
+            for e in events[:row_limit]]
+    header = ["operator"] + [name for name, _ in columns]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows])
+
+
 def _report(prof, ranges: Iterable[str], row_limit: int, trace: str | Path | None) -> ProfileReport:
     averages = prof.key_averages()
     names = set(ranges)
     report = ProfileReport(
-        table=averages.table(sort_by="self_cpu_time_total", row_limit=row_limit),
+        table=_narrow(averages, names, row_limit, memory=False),
         ranges_ms={e.key: e.cpu_time_total / 1000 for e in averages if e.key in names},
-        peak_memory_table=averages.table(sort_by="self_cpu_memory_usage", row_limit=min(row_limit, 5)),
+        peak_memory_table=_narrow(averages, names, min(row_limit, 5), memory=True),
+        full_table=averages.table(sort_by="self_cpu_time_total", row_limit=row_limit),
+        full_memory_table=averages.table(sort_by="self_cpu_memory_usage", row_limit=min(row_limit, 5)),
     )
     if trace is not None:
         report.trace = Path(trace)
@@ -96,11 +159,36 @@ def _report(prof, ranges: Iterable[str], row_limit: int, trace: str | Path | Non
 
 
 @contextlib.contextmanager
+def _native_stderr_without(message: str) -> Iterator[None]:
+    """Hold what is written to file descriptor 2 during the block; pass it on afterwards, less lines with `message`."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (some embedded interpreters): leave it as it is
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if message not in line]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+@contextlib.contextmanager
 def _quiet_native_stderr() -> Iterator[None]:
     """Silence what C++ writes to file descriptor 2 (Kineto's 'profiler_start' lines with a timestamp)."""
-    import os
-    import sys
-
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -123,13 +211,16 @@ def profiled(trace: str | Path | None = None, ranges: Iterable[str] = (DATA, COM
     """Profile the block (CPU, and CUDA when present, with memory); the yielded report fills in on exit.
 
     Name parts of the block with torch.profiler.record_function("data") / ("compute") to get a verdict.
+    What the block writes to stderr reaches it when the block ends, less the allocator's one known
+    warning (see the module docstring).
     """
     report = ProfileReport()
     prof = profile(activities=_activities(), profile_memory=True)
-    with _quiet_native_stderr():  # only the profiler's own start-up log; the block's stderr is untouched
+    with _quiet_native_stderr():  # only the profiler's own start-up log
         prof.__enter__()
     try:
-        yield report
+        with _native_stderr_without(ALLOCATED_BEFORE_PROFILING):
+            yield report
     finally:
         with _quiet_native_stderr():
             prof.__exit__(None, None, None)

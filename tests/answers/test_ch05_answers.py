@@ -1,15 +1,27 @@
 """Chapter 5 exercises: the stub, typical wrong answers with their hints, and a right answer."""
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from ptlab.course.exercises import check
 
 
 def test_strip_prefix(capsys):
     assert check("ch5-strip-module-prefix", ...) == "not attempted"
+
+    def stub(state):
+        return ...   # your code here
+
+    assert check("ch5-strip-module-prefix", stub) == "not attempted"
     assert check("ch5-strip-module-prefix", lambda s: {k.replace("module.", ""): v for k, v in s.items()}) == "wrong"
     assert "expected" in capsys.readouterr().out
     assert check("ch5-strip-module-prefix",
                  lambda s: {k[len("module."):] if k.startswith("module.") else k: v for k, v in s.items()}) == "correct"
+
+
+def test_strip_prefix_in_place_is_told_to_return_the_dict(capsys):
+    assert check("ch5-strip-module-prefix", lambda s: consume_prefix_in_state_dict_if_present(s, "module.")) == "wrong"
+    out = capsys.readouterr().out
+    assert "in place" in out and "return the dict" in out and "is a `return` missing" not in out
 
 
 def _no_scaling(model, optimizer, micro_batches):
@@ -32,14 +44,47 @@ def _stale(model, optimizer, micro_batches):
     optimizer.step()
 
 
-def test_accumulate_gradients(capsys):
+def _zero_inside(model, optimizer, micro_batches):
+    for X, y in micro_batches:
+        optimizer.zero_grad()
+        (nn.functional.cross_entropy(model(X), y) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def _step_inside(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    for X, y in micro_batches:
+        (nn.functional.cross_entropy(model(X), y) / len(micro_batches)).backward()
+        optimizer.step()
+
+
+def _sum_loss(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    for X, y in micro_batches:
+        nn.functional.cross_entropy(model(X), y, reduction="sum").backward()
+    optimizer.step()
+
+
+def test_accumulate_gradients_stubs_are_not_attempted(capsys):
     def stub(model, optimizer, micro_batches):
+        ...   # your code here
+
+    def stub_with_return(model, optimizer, micro_batches):
         return ...
 
     assert check("ch5-accumulate-gradients", stub) == "not attempted"
-    assert check("ch5-accumulate-gradients", _no_scaling) == "wrong"
-    assert "about K = 4 times" in capsys.readouterr().out
-    assert check("ch5-accumulate-gradients", _stale) == "wrong"
+    assert check("ch5-accumulate-gradients", stub_with_return) == "not attempted"
     out = capsys.readouterr().out
-    assert "stale gradient" in out and "about K = 4 times" not in out
+    assert "✘" not in out and "Hint" not in out
+
+
+def test_accumulate_gradients_names_each_mistake(capsys):
+    for answer, words in ((_no_scaling, "divide each micro-batch's loss by K"),
+                          (_stale, "left over from earlier work"),
+                          (_zero_inside, "only the last micro-batch's gradient"),
+                          (_step_inside, "K optimizer steps"),
+                          (_sum_loss, "compare your loop with the hint")):
+        assert check("ch5-accumulate-gradients", answer) == "wrong"
+        out = capsys.readouterr().out
+        assert words in out, (answer.__name__, out)
     assert check("ch5-accumulate-gradients", _right) == "correct"

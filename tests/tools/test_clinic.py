@@ -163,3 +163,11 @@ def test_lr_range_test_moves_each_batch_to_the_device_of_the_parameters():
     result = lr_range_test(ParametersOnMeta(), loader, lambda p: torch.optim.SGD(p, lr=0.0), steps=6,
                            loss_fn=loss_fn)
     assert len(result.lrs) == 6
+
+
+def test_the_range_test_reports_its_step_count_as_measured_only_when_the_loss_took_off():
+    from ptlab.clinic import LRRangeResult
+
+    diverged = LRRangeResult(lrs=[0.1, 1.0, 10.0], losses=[1, 1, 1], smoothed=[1, 0.9, 0.8], diverged_at=30.0)
+    assert "over ≈3 steps" in str(diverged)
+    assert "over 3 steps" in str(LRRangeResult(lrs=[0.1, 1.0, 10.0], losses=[1, 1, 1], smoothed=[1, 0.9, 0.8]))

@@ -74,3 +74,29 @@ def test_the_verdict_is_graded_by_the_measured_share_and_names_no_chapter(data_m
     verdict = ProfileReport(ranges_ms={"data": data_ms, "compute": 100.0 - data_ms}).verdict
     assert verdict.startswith(expected[0]) and all(part in verdict for part in expected[1:]), verdict
     assert "will not help" not in verdict and "chapter" not in verdict.lower()
+
+
+def test_tables_are_narrow_the_full_ones_are_kept_and_the_allocator_note_is_held_back(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "from ptlab.profiling import profile_training\n"
+            "model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 2))\n"
+            "data = TensorDataset(torch.randn(256, 64), torch.randint(0, 2, (256,)))\n"
+            "r = profile_training(model, DataLoader(data, batch_size=32), torch.optim.AdamW(model.parameters()),"
+            " steps=3, trace='traces/t.json')\n"
+            "print(r)\nprint('FULL', 'Self CPU %' in r.full_table, 'CPU Mem' in r.full_memory_table)\n"
+            "print('WIDTH', max(len(line) for line in (r.table + '\\n' + r.peak_memory_table).splitlines()))\n")
+    import os
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}   # this checkout's ptlab
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert "allocated before the profiling started" not in result.stderr
+    assert "FULL True True" in result.stdout and "trace written to traces/t.json" in result.stdout
+    width = int(result.stdout.split("WIDTH ")[1].split()[0])
+    assert width <= 100 and "compute " not in result.stdout.split("named ranges")[0]
+    assert (tmp_path / "traces" / "t.json").stat().st_size > 0

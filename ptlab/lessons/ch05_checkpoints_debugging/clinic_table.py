@@ -21,7 +21,8 @@ CLINIC: tuple[ClinicRow, ...] = (
     ClinicRow("loss is NaN or inf",
               "a learning rate far too high; a NaN or inf in the data; log, sqrt or division at 0 in your own code",
               "first_nonfinite(model, X) on the failing batch; torch.isfinite(X).all(); lower the lr 10x; "
-              "torch.autograd.set_detect_anomaly(True) names the backward op",
+              "log the gradient norm that clip_grad_norm_ returns; "
+              "torch.autograd.set_detect_anomaly(True) names the backward op that made a NaN",
               ("nan-from-a-poisoned-sample", "exploding-gradients-nan")),
     ClinicRow("loss shoots up by orders of magnitude and stays there",
               "a learning rate far too high (with BatchNorm the loss often stays finite: a dead model that "
@@ -52,7 +53,8 @@ CLINIC: tuple[ClinicRow, ...] = (
               "move every batch in the loop; pass device= when making tensors in forward",
               ("inputs-on-another-device",)),
     ClinicRow("DataLoader with workers hangs or dies in a notebook",
-              "workers started with spawn (macOS, Windows) cannot import a Dataset class defined in the notebook",
+              "workers started with spawn (macOS, Windows) or forkserver (Linux from Python 3.14) cannot import "
+              "a Dataset class defined in the notebook",
               "num_workers=0 to confirm; move the Dataset class to a .py module",
               ("spawn-notebook-dataset",)),
     ClinicRow("an old checkpoint fails to load, or loads nothing",
@@ -60,9 +62,12 @@ CLINIC: tuple[ClinicRow, ...] = (
               "load with strict=True and read the missing and unexpected keys; save state_dicts, not models",
               ("ddp-prefix-strict-false", "batchnorm-added-breaks-strict-load", "pickled-whole-model")),
     ClinicRow("out of memory",
-              "graphs kept alive (evaluation without no_grad, losses summed as tensors); too large a batch",
-              "memory_breakdown(model, optimizer, batch); then a smaller batch with gradient accumulation, "
-              "activation checkpointing, mixed precision (chapter 6)",
+              "graphs kept alive (evaluation without no_grad, losses summed as tensors); too large a batch or "
+              "image; too large a model. Not DataLoader workers on a GPU: they live in host memory (too many "
+              "exhaust the machine's RAM, not the GPU's)",
+              "memory_breakdown(model, optimizer, batch); on a GPU torch.cuda.max_memory_allocated and "
+              "memory_reserved; then a smaller batch with gradient accumulation, activation checkpointing, "
+              "mixed precision (chapter 6)",
               ("eval-without-no-grad", "running-loss-keeps-graph")),
 )
 
@@ -82,9 +87,12 @@ class ClinicTable:
                            for r in self.rows)
 
     def _repr_html_(self) -> str:
-        head = "<tr><th>symptom</th><th>likely causes</th><th>check first</th><th>pitfalls (chapter)</th></tr>"
-        body = "".join(f"<tr><td><b>{html.escape(r.symptom)}</b></td><td>{html.escape(r.causes)}</td>"
-                       f"<td>{html.escape(r.check)}</td><td>{html.escape(self._links(r))}</td></tr>" for r in self.rows)
+        head = "".join(f"<th style='text-align:left'>{name}</th>"
+                       for name in ("symptom", "likely causes", "check first", "pitfalls (chapter)"))
+        head = f"<tr>{head}</tr>"
+        cell = "<td style='text-align:left;vertical-align:top'>"
+        body = "".join(f"<tr>{cell}<b>{html.escape(r.symptom)}</b></td>{cell}{html.escape(r.causes)}</td>"
+                       f"{cell}{html.escape(r.check)}</td>{cell}{html.escape(self._links(r))}</td></tr>" for r in self.rows)
         return f"<table style='text-align:left'>{head}{body}</table>"
 
 

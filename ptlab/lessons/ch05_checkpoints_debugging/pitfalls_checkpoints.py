@@ -1,13 +1,14 @@
 """Chapter 5 pitfalls: saving, loading and resuming, and runs that cannot be repeated.
 
-The reproductions train a small MLP on three Gaussian blobs (600 points, 2 features): it learns in
-a fraction of a second, so each pitfall runs in about a second on a laptop CPU. The blobs and the
-MLP are shared with the debugging pitfalls (debugging.py).
+The reproductions train a small MLP on three Gaussian blobs (600 points, 2 features, blobs.py): it
+learns in a fraction of a second, so each pitfall runs in about a second on a laptop CPU. The blobs
+and the MLP are shared with the debugging pitfalls (pitfalls_debugging.py).
 """
 from __future__ import annotations
 
 import functools
 import io
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -18,18 +19,7 @@ from torch import nn
 from ptlab.checkpoint import load_checkpoint, save_checkpoint
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
-
-
-def _blobs(seed: int = 0, n: int = 600) -> tuple[torch.Tensor, torch.Tensor]:
-    """Three Gaussian blobs: X (n, 2), y (n,) in {0, 1, 2}."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.arange(n) % 3
-    centres = torch.tensor([[0.0, 2.0], [2.0, -1.0], [-2.0, -1.0]])
-    return torch.randn(n, 2, generator=g) * 0.7 + centres[y], y
-
-
-def _mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 3))
+from ptlab.lessons.ch05_checkpoints_debugging.blobs import blob_mlp, blobs
 
 
 def _accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
@@ -41,7 +31,7 @@ def _accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
 def _trained_state(steps: int = 100) -> dict[str, torch.Tensor]:
     """The weights of the MLP trained on the blobs, once per process (callers get copies)."""
     torch.manual_seed(0)
-    model, (X, y) = _mlp(), _blobs()
+    model, (X, y) = blob_mlp(), blobs()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(steps):
         loss = nn.functional.cross_entropy(model(X), y)
@@ -53,7 +43,7 @@ def _trained_state(steps: int = 100) -> dict[str, torch.Tensor]:
 
 def _trained_mlp() -> nn.Sequential:
     """A fresh copy of the trained MLP."""
-    model = _mlp()
+    model = blob_mlp()
     model.load_state_dict(_trained_state())
     return model
 
@@ -67,27 +57,30 @@ def _trained_mlp() -> nn.Sequential:
     wrapper names every key 'module.0.weight' instead of '0.weight'. load_state_dict(strict=False) skips
     every key it does not know and every key it misses, and reports them only in its return value: the
     model keeps its random initial weights while the code carries on as if it had loaded.""",
-    catch="""Keep strict=True (the default): it raises on the first unexpected key. Save
-    `model.module.state_dict()` from the wrapper (ptlab.checkpoint.save_checkpoint does), or strip the
-    prefix with torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').
+    catch="""Keep strict=True (the default): it raises one RuntimeError that lists every missing and every
+    unexpected key. Save `model.module.state_dict()` from the wrapper (ptlab.checkpoint.save_checkpoint
+    does), or strip the prefix with
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').
     If you must use strict=False, assert that its missing_keys and unexpected_keys are what you expect.""",
 )
 def ddp_prefix_strict_false(buggy: bool) -> Outcome:
-    X, y = _blobs(seed=1)                                      # held-out points
-    saved = {f"module.{k}": v for k, v in _trained_mlp().state_dict().items()}   # as a DDP wrapper saves
+    X, y = blobs(seed=1)                                      # held-out points
+    trained = _trained_mlp().state_dict()
+    saved = {f"module.{k}": v for k, v in trained.items()}    # as a DDP wrapper saves it
     torch.manual_seed(1)
-    fresh = _mlp()
+    fresh = blob_mlp()
     if buggy:
         result = fresh.load_state_dict(saved, strict=False)   # BUG: every key is unexpected; nothing loads
     else:
         nn.modules.utils.consume_prefix_in_state_dict_if_present(saved, "module.")   # FIX: plain keys
         result = fresh.load_state_dict(saved)                  # FIX: strict=True would raise on a mismatch
-    loaded = sum(torch.equal(p, saved[k]) for k, p in fresh.state_dict().items() if k in saved)
+    # A tensor counts as loaded when it holds the trained values, whatever its key was called.
+    loaded = sum(torch.equal(p, trained[k]) for k, p in fresh.state_dict().items())
     accuracy = _accuracy(fresh, X, y)
     return Outcome(
         figures={"missing keys": len(result.missing_keys), "unexpected keys": len(result.unexpected_keys),
-                 "parameter tensors loaded": loaded, "accuracy on held-out points": accuracy},
-        checks=[Check("parameter tensors loaded", loaded, "== 0"),
+                 "tensors holding the trained values": loaded, "accuracy on held-out points": accuracy},
+        checks=[Check("tensors holding the trained values", loaded, "== 0"),
                 Check("accuracy on held-out points", accuracy, "< 0.5")],
     )
 
@@ -99,34 +92,42 @@ def _with_batchnorm() -> nn.Sequential:
 
 @pitfall(
     id="batchnorm-added-breaks-strict-load", chapter=5,
-    title="Adding a BatchNorm layer makes an old checkpoint fail to load (adding Dropout does not)",
-    symptom="load_state_dict raises RuntimeError naming the missing running_mean and running_var keys",
+    title="A BatchNorm inserted into a model makes its old checkpoint fail to load",
+    symptom="load_state_dict raises RuntimeError naming the missing running_mean and running_var keys, "
+            "and the old weights of the later layers sit under keys the new model does not have",
     why="""A state_dict is keyed by each module's position and name. BatchNorm brings parameters (weight,
     bias) and buffers (running_mean, running_var, num_batches_tracked) the old checkpoint does not have,
-    and inserting it shifts the index of every later layer ('2.weight' becomes '3.weight'). Dropout has
-    no parameters and no buffers, so adding one at the end leaves every key as it was; inserted in the
-    middle of an nn.Sequential it still shifts the indices after it.""",
+    and inserting it into an nn.Sequential shifts the index of every later layer ('2.weight' becomes
+    '3.weight'), so those layers' old weights no longer match any key. Dropout has no parameters and no
+    buffers: appended at the end it changes no key, inserted in the middle it still shifts the indices.""",
     catch="""Name submodules (an nn.Module with attributes, or nn.Sequential(OrderedDict(...))) so that
-    inserting a layer does not rename the others. To reuse old weights in a changed model, load with
-    strict=False and assert that missing_keys holds exactly the new layer's keys and unexpected_keys is
-    empty; keep a checkpoint's architecture version in its config.""",
+    inserting a layer does not rename the others. To reuse old weights in a changed model, map each old
+    key to its new name, load with strict=False, and assert that missing_keys holds exactly the new
+    layer's keys and unexpected_keys is empty; keep a checkpoint's architecture version in its config.""",
 )
 def batchnorm_added_breaks_strict_load(buggy: bool) -> Outcome:
-    old_state = _trained_mlp().state_dict()                     # keys 0.*, 2.*, 4.*
+    old_state = _trained_mlp().state_dict()                     # keys 0.*, 2.*, 4.* (the three Linears)
+    model = _with_batchnorm()                                   # a BatchNorm at index 1: Linears now 0, 3, 5
     if buggy:
-        model = _with_batchnorm()                               # BUG: a layer inserted: keys shift, new buffers
+        state, strict = old_state, True                         # BUG: the old keys, loaded as they are
     else:
-        model = nn.Sequential(*_mlp(), nn.Dropout(0.1))          # FIX: Dropout appended: keys unchanged
+        new_index = {"0": "0", "2": "3", "4": "5"}              # FIX: each old Linear's new position
+        state = {new_index[k.split(".")[0]] + k[1:]: v for k, v in old_state.items()}
+        strict = False                                          # FIX: the BatchNorm's keys are allowed to miss
     try:
-        model.load_state_dict(old_state)                        # strict=True
-        error = ""
+        result = model.load_state_dict(state, strict=strict)
+        error = "no error"
+        assert all(k.startswith("1.") for k in result.missing_keys)   # FIX: only the new layer's keys miss
+        assert not result.unexpected_keys                       # FIX: and no old tensor is left over
     except RuntimeError as err:
-        error = str(err)
-    missing = next((line.strip() for line in error.splitlines() if "Missing key" in line), "no error")
+        missing = next(line for line in str(err).splitlines() if "Missing key" in line)
+        error = "RuntimeError, missing " + ", ".join(re.findall(r'"([^"]+)"', missing))
+    homeless = set(state) - set(model.state_dict())             # old tensors under keys the model lacks
     return Outcome(
-        figures={"keys in the old checkpoint": len(old_state), "keys the new model expects": len(model.state_dict())},
-        checks=[Check("load_state_dict error, first line", missing, "contains 'Missing key(s) in state_dict'"),
-                Check("the missing keys include", missing, "contains 'running_mean'")],
+        figures={"keys in the old checkpoint": len(old_state), "keys the new model expects": len(model.state_dict()),
+                 "old tensors without a matching key": len(homeless)},
+        checks=[Check("load_state_dict error", error, "contains 'running_mean'"),
+                Check("old tensors without a matching key", len(homeless), "> 0")],
     )
 
 
@@ -162,12 +163,12 @@ def _recipe(model: nn.Module, steps: int):
     as 4 straight. Log the learning rate every epoch: a jump at a resume is this bug.""",
 )
 def model_only_checkpoint(buggy: bool) -> Outcome:
-    X, y = _blobs()
+    X, y = blobs()
     torch.manual_seed(0)
-    straight, losses_straight, lrs_straight = _mlp(), [], []
+    straight, losses_straight, lrs_straight = blob_mlp(), [], []
     _train(straight, *_recipe(straight, 120), X, y, torch.Generator().manual_seed(1), 120, losses_straight, lrs_straight)
     torch.manual_seed(0)
-    model, losses, lrs = _mlp(), [], []
+    model, losses, lrs = blob_mlp(), [], []
     opt, sched = _recipe(model, 120)
     g = torch.Generator().manual_seed(1)
     _train(model, opt, sched, X, y, g, 60, losses, lrs)
@@ -206,14 +207,14 @@ def model_only_checkpoint(buggy: bool) -> Outcome:
     measure a change, compare several seeds per setting, not one run each.""",
 )
 def unseeded_runs_differ(buggy: bool) -> Outcome:
-    X, y = _blobs()
+    X, y = blobs()
     results = []
     for _ in range(2):                                         # the same code, run twice
         if buggy:
             torch.seed()                                       # BUG: a fresh, non-deterministic seed per run
         else:
             torch.manual_seed(0)                               # FIX: the same seed for every run
-        model = _mlp()
+        model = blob_mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(30):
             loss = nn.functional.cross_entropy(model(X), y)
@@ -235,7 +236,7 @@ class OldNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.body = _mlp()
+        self.body = blob_mlp()
 
     def forward(self, x):
         return self.body(x)

@@ -1,12 +1,15 @@
 """Chapter 5 pitfalls for the troubleshooting clinic: NaN from the data, overfitting, a second device."""
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
-from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accuracy, _blobs, _mlp
+from ptlab.lessons.ch05_checkpoints_debugging.blobs import blob_mlp, blobs, noisy_blobs
+from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accuracy
 
 
 @pitfall(
@@ -23,14 +26,14 @@ from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accur
     torch.autograd.set_detect_anomaly(True) names the backward op.""",
 )
 def nan_from_a_poisoned_sample(buggy: bool) -> Outcome:
-    X, y = _blobs()
+    X, y = blobs()
     X = X.clone()
     X[123, 1] = float("nan")                                   # one unreadable value, as a bad row in a CSV
     if not buggy:
         keep = torch.isfinite(X).all(dim=1)                    # FIX: find and drop (or repair) bad samples
         X, y = X[keep], y[keep]
     torch.manual_seed(0)
-    model = _mlp()
+    model = blob_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(5):
@@ -50,38 +53,45 @@ def nan_from_a_poisoned_sample(buggy: bool) -> Outcome:
 @pitfall(
     id="overfitting-without-regularisation", chapter=5,
     title="A large model trained long on few noisy examples memorises them, noise included",
-    symptom="on 40 training points with 12 wrong labels, training accuracy reaches 1.0 and held-out "
-            "accuracy trails it by more than 0.25",
+    symptom="on 40 training points with 12 wrong labels, training accuracy reaches 1.0 while held-out "
+            "accuracy stays below 0.8 and trails it by more than 0.25",
     why="""With far more parameters than examples, a network can fit every training point, wrong labels
-    included. The training loss keeps falling while the held-out accuracy stalls or drops: the model
-    learns the sample, not the rule, and more epochs make it worse.""",
-    catch="""Always hold out a validation set and watch the gap between training and validation accuracy.
-    Stop at the best validation epoch (early stopping), add weight decay or dropout, augment, or get
-    more data; choose among them on validation, never on the test set. A training accuracy of 1.0 on
-    data you know to be noisy is a warning, not a success.""",
+    included. The validation loss falls for a few steps, while the model learns the rule, then climbs
+    for as long as training goes on, while it learns the noise: the last weights are the memorising ones.""",
+    catch="""Always hold out a validation set and watch its loss next to the training loss. Keep the weights
+    of the best validation epoch (early stopping: ptlab.train.fit's best.pt), and choose among remedies
+    (weight decay, dropout, augmentation, more data) on validation, never on the test set. A training
+    accuracy of 1.0 on data you know to be noisy is a warning, not a success.""",
 )
 def overfitting_without_regularisation(buggy: bool) -> Outcome:
-    X, y = _blobs(n=640)
-    y = y.clone()
-    wrong = torch.randperm(40, generator=torch.Generator().manual_seed(3))[:12]
-    y[wrong] = (y[wrong] + 1) % 3                               # 12 of the 40 training labels are wrong
-    X_train, y_train, X_val, y_val = X[:40], y[:40], X[40:], y[40:]
+    X, y = noisy_blobs(n_train=40, n_wrong=12)                  # 12 of the 40 training labels are wrong
+    X_train, y_train = X[:40], y[:40]
+    X_val, y_val, X_test, y_test = X[40:340], y[40:340], X[340:], y[340:]   # choose on val, report held-out
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 3))
-    if buggy:
-        opt, steps = torch.optim.Adam(model.parameters(), lr=1e-2), 300        # BUG: no regularisation, long
-    else:
-        opt, steps = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.5), 60  # FIX: decay, stop early
-    for _ in range(steps):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    val_losses, best = [], (float("inf"), 0, None)
+    for step in range(1, 301):                                  # BUG: 300 steps, and the last weights kept
         loss = nn.functional.cross_entropy(model(X_train), y_train)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    train_acc, val_acc = _accuracy(model, X_train, y_train), _accuracy(model, X_val, y_val)
+        with torch.no_grad():
+            val_losses.append(nn.functional.cross_entropy(model(X_val), y_val).item())
+        if not buggy and val_losses[-1] < best[0]:              # FIX: remember the best validation step
+            best = (val_losses[-1], step, copy.deepcopy(model.state_dict()))
+        if not buggy and step - best[1] >= 20:                  # FIX: stop 20 steps after it
+            break
+    if not buggy:
+        model.load_state_dict(best[2])                          # FIX: keep the best step's weights
+    train_acc, test_acc = _accuracy(model, X_train, y_train), _accuracy(model, X_test, y_test)
     return Outcome(
-        figures={"training accuracy": train_acc, "held-out accuracy": val_acc, "steps": str(steps)},
+        figures={"training accuracy": train_acc, "held-out accuracy": test_acc,
+                 "weights kept from step": float(best[1]) if not buggy else "300 (the last)"},
         checks=[Check("training accuracy", train_acc, "== 1.0"),
-                Check("training minus held-out accuracy", train_acc - val_acc, "> 0.25")],
+                Check("held-out accuracy", test_acc, "< 0.8"),
+                Check("training minus held-out accuracy", train_acc - test_acc, "> 0.25")],
+        series={"validation loss": val_losses},
     )
 
 
@@ -100,8 +110,8 @@ def overfitting_without_regularisation(buggy: bool) -> Outcome:
 )
 def inputs_on_another_device(buggy: bool) -> Outcome:
     device = torch.device("meta")                               # stands in for "cuda" on a CPU-only machine
-    model = _mlp().to(device)                                   # parameters moved, in place
-    X, _ = _blobs()                                             # a batch as a DataLoader gives it: on the CPU
+    model = blob_mlp().to(device)                                   # parameters moved, in place
+    X, _ = blobs()                                             # a batch as a DataLoader gives it: on the CPU
     if not buggy:
         X = X.to(device)                                        # FIX: the batch goes where the model is
     try:
