@@ -11,8 +11,9 @@ import itertools
 import logging
 import math
 import time
+import tokenize
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -48,7 +49,8 @@ def use_inductor_cache_per_cpu_capability() -> str:
     In torch 2.14 the cache can hand back C++ generated for one vector ISA after ATEN_CPU_CAPABILITY
     selected another, and the build then fails ('at::vec has not been declared'). A directory per
     capability keeps each cache warm and right. A TORCHINDUCTOR_CACHE_DIR already set is left alone.
-    Call it before the first compile.
+    Call it before the first compile, and before `import torch._dynamo`: that import sets the variable to
+    Inductor's default directory, which this function would then leave alone.
     """
     import getpass
     import os
@@ -71,9 +73,6 @@ def inductor_vectorizes() -> bool:
 
     with quiet_compile_logs():
         return bool(pick_vec_isa())
-
-
-
 
 
 # ---------------------------------------------------------------------------------- compile vs eager
@@ -149,21 +148,26 @@ def format_compile_table(reports: Iterable[CompileReport]) -> str:
 # ------------------------------------------------------------------------------------- graph breaks
 @dataclass(frozen=True)
 class GraphBreaks:
-    """What torch._dynamo.explain found: graphs, breaks, and each break's reason (its first line)."""
+    """What torch._dynamo.explain found: graphs, breaks, each break's reason (its first line) and source line."""
 
     graph_count: int
     break_count: int
     reasons: list[str]
+    lines: list[str] = field(default_factory=list)   # the source line of each break, as Python shows it
 
     def __str__(self) -> str:
-        lines = [f"{self.graph_count} graph(s), {self.break_count} break(s)"]
-        lines += [f"  break {i + 1}: {reason}" for i, reason in enumerate(self.reasons)]
-        return "\n".join(lines)
+        out = [f"{self.graph_count} graph(s), {self.break_count} break(s)"]
+        for i, reason in enumerate(self.reasons):
+            out.append(f"  break {i + 1}: {reason}")
+            if i < len(self.lines) and self.lines[i]:
+                out.append(f"    at: {self.lines[i]}")
+        return "\n".join(out)
 
 
 def explain_breaks(fn: Callable, *args: object) -> GraphBreaks:
-    """Run torch._dynamo.explain on fn(*args) and keep the counts and each reason's first line.
+    """Run torch._dynamo.explain on fn(*args) and keep the counts, each reason's first line and its source line.
 
+    explain runs in the default mode (fullgraph=False), where every break shows, `.item()` included.
     What fn prints while it is traced is swallowed; the compile loggers are quiet during the call.
     """
     if not callable(fn):
@@ -171,11 +175,27 @@ def explain_breaks(fn: Callable, *args: object) -> GraphBreaks:
     with quiet_compile_logs(), contextlib.redirect_stdout(io.StringIO()):
         result = torch._dynamo.explain(_fresh_copy(fn))(*args)
     reasons = [str(b.reason).strip().splitlines()[0] for b in result.break_reasons]
-    return GraphBreaks(result.graph_count, result.graph_break_count, reasons)
+    lines = [_code_of(b.user_stack[-1].line or "") if b.user_stack else "" for b in result.break_reasons]
+    return GraphBreaks(result.graph_count, result.graph_break_count, reasons, lines)
+
+
+def _code_of(line: str) -> str:
+    """A source line without its trailing comment and surrounding blanks."""
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line.strip()).readline):
+            if token.type == tokenize.COMMENT:
+                return line.strip()[:token.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):   # a line that opens a bracket it does not close
+        pass
+    return line.strip()
 
 
 def fullgraph_error(fn: Callable, *args: object) -> str:
-    """The error torch.compile(fullgraph=True) raises on fn(*args), as 'Type: first line'; '' if none."""
+    """The error torch.compile(fullgraph=True) raises on fn(*args), as 'Type: first line'; '' if none.
+
+    In this torch version fullgraph=True also turns on capture_scalar_outputs: `.item()` is captured
+    into the graph as a symbolic number and raises nothing, unlike a print or a branch on a tensor's value.
+    """
     try:
         with quiet_compile_logs(), contextlib.redirect_stdout(io.StringIO()):
             torch.compile(_fresh_copy(fn), backend="eager", fullgraph=True)(*args)
@@ -206,11 +226,42 @@ def _fresh_copy(fn: Callable) -> Callable:
 
 @dataclass(frozen=True)
 class CompileCount:
-    """Graphs Dynamo compiled over a sequence of calls, and how many of them were recompiles."""
+    """Graphs Dynamo compiled over a sequence of calls, how many were recompiles, and what Dynamo warned."""
 
     graphs: int            # every graph compiled: a graph break splits a function into two
-    seconds: float
+    seconds: float         # wall time of all the calls: tracing and running, with the counting backend (no Inductor)
     recompiles: int = 0    # graphs compiled again for code compiled before: its guards failed on a new input
+    graph_runs: int = 0    # times a compiled graph ran; a call that Dynamo left to eager mode runs none
+    warnings: tuple[str, ...] = ()   # first line of each warning Dynamo logged (e.g. the recompile limit), in order
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.first_lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        first = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
+        if first and first not in self.first_lines:
+            self.first_lines.append(first)
+
+
+@contextlib.contextmanager
+def _dynamo_warnings_collected():
+    """Inside the block, torch._dynamo's warnings go to a list instead of stderr; the other loggers stay quiet."""
+    logger = logging.getLogger("torch._dynamo")
+    collect = _Collect()
+    saved = logger.level, logger.handlers[:], logger.propagate
+    with quiet_compile_logs():
+        logger.setLevel(logging.WARNING)
+        logger.handlers[:] = [collect]
+        logger.propagate = False
+        try:
+            yield collect.first_lines
+        finally:
+            logger.handlers[:] = saved[1]
+            logger.setLevel(saved[0])
+            logger.propagate = saved[2]
 
 
 def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
@@ -219,6 +270,8 @@ def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None
 
     The backend runs each captured graph as it is (no Inductor), so counting costs tracing only.
     `mark_dynamic_dims={arg_index: dim}` calls torch._dynamo.mark_dynamic on that argument of the first call.
+    Dynamo's warnings during the calls (such as 'torch._dynamo hit config.recompile_limit (8)') are
+    collected in the result instead of printed.
     """
     from torch._guards import CompileContext
 
@@ -228,20 +281,26 @@ def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None
     if not calls:
         raise ValueError("count_compiles needs at least one call (a tuple of arguments)")
     compiles: list[int] = []   # per graph: how many times Dynamo had compiled its code (frame) before
+    runs = [0]
 
     def counting_backend(gm: torch.fx.GraphModule, example_inputs):
         compile_id = CompileContext.current_compile_id()
         compiles.append(compile_id.frame_compile_id if compile_id is not None else 0)
-        return gm.forward
+
+        def run(*args):
+            runs[0] += 1
+            return gm.forward(*args)
+        return run
 
     compiled = torch.compile(_fresh_copy(fn), backend=counting_backend, dynamic=dynamic, fullgraph=fullgraph)
     for arg_index, dim in (mark_dynamic_dims or {}).items():
         torch._dynamo.mark_dynamic(calls[0][arg_index], dim)
     start = time.perf_counter()
-    with quiet_compile_logs():
+    with _dynamo_warnings_collected() as logged:
         for args in calls:
             compiled(*args)
-    return CompileCount(len(compiles), time.perf_counter() - start, sum(1 for n in compiles if n > 0))
+    return CompileCount(len(compiles), time.perf_counter() - start, sum(1 for n in compiles if n > 0), runs[0],
+                        tuple(logged))
 
 
 # Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).

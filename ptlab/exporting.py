@@ -31,7 +31,11 @@ def dynamic_shapes_for(dims: dict[int, str], *, max_size: int = 1024) -> dict[st
 
 
 def export_program(model: nn.Module, example: torch.Tensor, dims: dict[int, str]) -> torch.export.ExportedProgram:
-    """torch.export.export(model, (example,)) with the named dims of its input `x` dynamic."""
+    """torch.export.export(model, (example,), dynamic_shapes={"x": {index: Dim(name, max=1024)}}).
+
+    The named dims of the input `x` are dynamic (up to 1,024), every other dim is fixed to the example's
+    size. Export traces non-strict by default in this torch version (strict=False).
+    """
     if not isinstance(example, torch.Tensor):
         raise TypeError(f"example must be a tensor, got {type(example).__name__}")
     with quiet_compile_logs():
@@ -49,6 +53,7 @@ def save_and_load_pt2(program: torch.export.ExportedProgram, directory: str | os
 
 
 # The exporter's note that two dims it found equal share one name in the ONNX file: noise in a notebook.
+# Every other warning gets through, torch's "Exporting a model while it is in training mode" included.
 _EXPORTER_NOTES = (r"# The axis name: .* will not be used, since it shares the same shape constraints",)
 
 
@@ -134,10 +139,13 @@ def time_side_by_side(calls: dict[str, Callable[[], object]], *, repeats: int = 
 
 
 def format_latency_table(rows: list[LatencyRow]) -> str:
-    """Median per call and the ratio to the first row, left-aligned."""
+    """Median per call and the speed-up over the first row (its time / this row's time: above 1 is faster).
+
+    The same convention as `ptlab.compiling.CompileReport.speedup` (eager time / compiled time).
+    """
     base = rows[0].seconds
-    lines = [f"{'runtime':<20}{'median/call':<14}vs {rows[0].name}"]
-    lines += [f"{r.name:<20}{measured_seconds(r.seconds):<14}{measured(r.seconds / base, 3)}x" for r in rows]
+    lines = [f"{'runtime':<20}{'median/call':<14}speed-up vs {rows[0].name}"]
+    lines += [f"{r.name:<20}{measured_seconds(r.seconds):<14}{measured(base / r.seconds, 3)}" for r in rows]
     return "\n".join(lines)
 
 

@@ -13,6 +13,11 @@ def test_no_graph_break_exercise_accepts_branchless_and_rejects_python_if():
         return x / peak if peak > 1 else x
 
     assert check("ch8-no-graph-break", with_if) == "wrong"
+
+    def with_item(x):                                  # fullgraph=True accepts it; explain still finds the break
+        return x / x.abs().max().clamp(min=1.0).item()
+
+    assert check("ch8-no-graph-break", with_item) == "wrong"
     assert check("ch8-no-graph-break", lambda x: x / x.abs().max()) == "wrong"   # divides small inputs too
 
     def stub(x):
@@ -32,3 +37,14 @@ def test_dynamic_export_exercise_needs_both_dims():
     assert check("ch8-dynamic-export", both) == "correct"
     assert check("ch8-dynamic-export", batch_only) == "wrong"
     assert check("ch8-dynamic-export", lambda m, x: m) == "wrong"          # not an ExportedProgram
+
+
+def test_no_graph_break_feedback_names_the_line_and_explains_dynamos_words(capsys):
+    def with_if(x):
+        peak = x.abs().max()
+        return x / peak if peak > 1 else x
+
+    check("ch8-no-graph-break", with_if)
+    out = capsys.readouterr().out
+    assert "the first break is at `return x / peak if peak > 1 else x`" in out
+    assert "generic_jump TensorVariable() (Dynamo's words for a Python `if` on a tensor's value)" in out

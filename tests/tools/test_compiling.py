@@ -98,6 +98,18 @@ def test_explain_breaks_counts_each_kind_of_break():
     assert "1 break(s)" in str(item)
 
 
+def test_explain_breaks_names_the_line_of_each_break():
+    def with_branch(x):
+        y = torch.sin(x)
+        if y.sum() > 0:
+            return y * 2
+        return y
+
+    found = explain_breaks(with_branch, torch.ones(3))
+    assert found.reasons == ["generic_jump TensorVariable()"] and found.lines == ["if y.sum() > 0:"]
+    assert str(found).splitlines()[-1] == "    at: if y.sum() > 0:"
+
+
 def test_fullgraph_error_names_data_dependent_branching_and_is_empty_when_clean():
     def branch(x):
         if x.sum() > 0:
@@ -106,6 +118,16 @@ def test_fullgraph_error_names_data_dependent_branching_and_is_empty_when_clean(
 
     assert fullgraph_error(branch, torch.ones(3)) == "Unsupported: Data-dependent branching"
     assert fullgraph_error(lambda x: x * 2, torch.ones(3)) == ""
+
+
+def test_fullgraph_captures_item_while_explain_reports_it_as_a_break():
+    """In this torch version fullgraph=True turns on capture_scalar_outputs: .item() raises nothing there."""
+    def with_item(x):
+        return x * x.sum().item()
+
+    x = torch.ones(3)
+    assert fullgraph_error(with_item, x) == ""
+    assert explain_breaks(with_item, x).break_count == 1
 
 
 def test_count_compiles_by_dynamic_setting_and_repeatable():
@@ -133,6 +155,27 @@ def test_count_compiles_tells_a_graph_break_from_a_recompile():
     assert (one_shape.graphs, one_shape.recompiles) == (2, 0)          # two graphs around the break, compiled once
     two_shapes = count_compiles(with_break, [(torch.randn(3, 4),), (torch.randn(5, 4),)], dynamic=False)
     assert (two_shapes.graphs, two_shapes.recompiles) == (4, 2)        # the new shape fails both graphs' guards
+
+def test_count_compiles_collects_the_recompile_limit_warning_and_counts_compiled_runs(capfd):
+    def f(x):
+        return torch.relu(x).sum(0)
+
+    limit = torch._dynamo.config.recompile_limit
+    sizes = list(range(2, limit + 6)) + [2]                # more sizes than the limit, then the first again
+    counted = count_compiles(f, [(torch.randn(b, 3),) for b in sizes], dynamic=False)
+    assert counted.graphs == limit and counted.recompiles == limit - 1
+    assert counted.graph_runs == limit + 1                   # the sizes past the limit ran eagerly; 2 ran its graph
+    assert counted.warnings == (f"torch._dynamo hit config.recompile_limit ({limit})",)
+    assert "recompile_limit" not in capfd.readouterr().err, "collected, not printed"
+    assert count_compiles(f, [(torch.randn(2, 3),)]).warnings == ()
+
+
+def test_count_compiles_restores_the_dynamo_logger():
+    logger = logging.getLogger("torch._dynamo")
+    before = logger.level, list(logger.handlers), logger.propagate
+    count_compiles(lambda x: x + 1, [(torch.ones(2),)])
+    assert (logger.level, list(logger.handlers), logger.propagate) == before
+
 
 def test_count_compiles_rejects_bad_input():
     with pytest.raises(TypeError, match="plain Python function"):
@@ -185,3 +228,76 @@ def test_inductor_vectorizes_follows_the_aten_capability():
         assert vectorizes is False
     elif capability in ("AVX2", "AVX512"):                      # both have Inductor vector ISAs
         assert vectorizes is True
+
+
+def test_doctor_looks_for_the_compiler_inductor_runs(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from ptlab.course import doctor
+
+    assert doctor._inductor_cxx() == inductor_config.cpp.cxx[1], "the same rule as torch._inductor.config.cpp.cxx"
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    check = doctor.inductor_compiler_check()
+    assert not check.ok and "no-such-compiler-here" in check.finding
+
+
+def test_doctor_compiles_chapter_8s_first_function_on_the_chapters_thread_count():
+    import json
+    from pathlib import Path
+
+    from ptlab.course import doctor
+
+    notebook = Path(__file__).resolve().parents[2] / "notebooks" / "08_compile_export.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+             if c["cell_type"] == "code"]
+    setup = next(c for c in cells if "use_inductor_cache_per_cpu_capability()" in c)
+    first = next(c for c in cells if "first_compile = " in c)
+    assert f"torch.set_num_threads({doctor.CHAPTER_8_THREADS})" in setup
+    assert f"torch.set_num_threads({doctor.CHAPTER_8_THREADS})" in doctor._FIRST_COMPILE
+    assert "torch.randn(8)" in first and "torch.randn(8)" in doctor._FIRST_COMPILE
+    assert "torch.compile(lambda x: torch.sin(x) + 1)" in first
+    assert "torch.compile(lambda x: torch.sin(x) + 1)" in doctor._FIRST_COMPILE
+
+
+_CACHE_PROBE = """
+import sys, torch
+from torch._dynamo.utils import counters
+from ptlab.compiling import quiet_compile_logs
+torch.set_num_threads(int(sys.argv[1]))
+with quiet_compile_logs():
+    torch.compile(lambda x: torch.sin(x) + 1)(torch.randn(8))
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+@pytest.mark.slow
+def test_the_doctors_compile_warms_the_cache_for_chapter_8_and_only_at_its_thread_count(tmp_path):
+    """make doctor's one-line compile, then the chapter's: a cache hit on one thread, a miss on two."""
+    import os
+    import subprocess
+    import sys
+
+    from ptlab.course import doctor
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}   # a cold graph cache
+    subprocess.run([sys.executable, "-c", doctor._FIRST_COMPILE], env=env, check=True, capture_output=True,
+                   timeout=600)
+
+    def hits_and_misses(threads: int) -> list[int]:
+        done = subprocess.run([sys.executable, "-c", _CACHE_PROBE, str(threads)], env=env, check=True,
+                              capture_output=True, text=True, timeout=600)
+        return [int(n) for n in done.stdout.split()]
+
+    assert hits_and_misses(doctor.CHAPTER_8_THREADS) == [1, 0]
+    assert hits_and_misses(2) == [0, 1], "Inductor keys a CPU graph on the thread count"
+
+
+def test_excerpt_keeps_the_part_that_names_the_dim_and_the_whole_message():
+    from ptlab.lessons.ch08_compile_export.pitfalls import Excerpt
+
+    message = ("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: x for the following "
+               "indices\n index: 1 Got: 20 Expected: 10\n Please fix either the inputs/outputs or the model.")
+    short = Excerpt(message, start="index:", end=" Please")
+    assert short == "index: 1 Got: 20 Expected: 10" and isinstance(short, str)
+    assert short.full.startswith("[ONNXRuntimeError]") and short.full.endswith("or the model.")
+    assert Excerpt("no such words", start="index:") == "no such words"

@@ -88,7 +88,8 @@ def test_latency_table_runs_each_callable_and_left_aligns():
                               "b": lambda: counts.__setitem__("b", counts["b"] + 1)}, repeats=4, warmup=1)
     assert counts == {"a": 5, "b": 5} and [r.name for r in rows] == ["a", "b"]
     table = format_latency_table([LatencyRow("eager", 0.002), LatencyRow("onnx", 0.001)])
-    assert table.splitlines()[2].startswith("onnx") and "≈0.5x" in table
+    assert table.splitlines()[0].endswith("speed-up vs eager")           # eager time / time: above 1 is faster
+    assert table.splitlines()[2].startswith("onnx") and table.splitlines()[2].endswith("≈2")
     with pytest.raises(ValueError, match="at least two"):
         time_side_by_side({"a": lambda: None})
 
@@ -148,3 +149,39 @@ def test_onnx_export_hides_only_the_exporters_notes(tmp_path):
     messages = [str(w.message) for w in caught]
     assert "my own warning from forward" in messages
     assert not any("will not be used" in m for m in messages)
+
+
+def test_onnx_export_of_a_train_mode_batchnorm_uses_the_running_statistics(tmp_path):
+    """Unlike torch.export, the ONNX exporter writes BatchNorm in inference form (and warns about train mode)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    for _ in range(20):
+        model(2 * torch.randn(64, 8) + 3)
+    with pytest.warns(UserWarning, match="training mode"):
+        export_onnx(model, torch.randn(16, 8), tmp_path / "bn.onnx", {})
+    session = onnx_session(tmp_path / "bn.onnx")
+    model.eval()
+    assert max_abs_diffs(model, lambda t: run_onnx(session, t), [(16, 8)])[(16, 8)] <= 1e-4
+
+
+def test_function_module_exports_a_plain_function_and_export_is_non_strict(capsys):
+    from ptlab.lessons.ch08_compile_export.models import FunctionModule
+
+    def with_print(x):
+        print("traced")
+        return x * 2
+
+    program = torch.export.export(FunctionModule(with_print), (torch.ones(2, 3),))
+    assert capsys.readouterr().out == "traced\n"                # the print ran once, at export
+    assert torch.equal(program.module()(torch.ones(2, 3)), 2 * torch.ones(2, 3))
+    assert capsys.readouterr().out == "", "the print is not in the program"
+    with pytest.raises(TypeError, match="callable"):
+        FunctionModule(3)
+
+
+def test_an_exported_program_cannot_be_switched_to_eval_afterwards():
+    """What export-in-train-mode's why says: export again in eval mode, the program cannot be switched."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16)).train()
+    program = torch.export.export(model, (torch.randn(4, 8),))
+    with pytest.raises(NotImplementedError, match="eval"):
+        program.module().eval()

@@ -18,7 +18,8 @@ def _reference_normalise(x: torch.Tensor) -> torch.Tensor:
 @exercise(
     id="ch8-no-graph-break", chapter=8,
     task="write normalise(x): divide x by its largest absolute value when that value exceeds 1, else return x "
-         "unchanged; it must compile as ONE graph (torch.compile(normalise, fullgraph=True) must not raise)",
+         "unchanged; it must compile as ONE graph with no break: explain_breaks(normalise, x) finds 1 graph and "
+         "0 breaks (and torch.compile(normalise, fullgraph=True) does not raise)",
     hint="a Python `if` on a tensor's value (or .item()) needs the value in Python, which breaks the graph. "
          "Can you compute both outcomes with tensor ops, so that no Python decision is left?",
 )
@@ -34,7 +35,11 @@ def check_no_graph_break(normalise) -> None:
                         "larger ones are divided by their largest absolute value.")
     breaks = explain_breaks(normalise, large)
     if breaks.break_count:
-        raise Wrong(f"the graph still breaks {breaks.break_count} time(s): {breaks.reasons[0]}")
+        where = f" at `{breaks.lines[0]}`" if breaks.lines and breaks.lines[0] else ""
+        reason = breaks.reasons[0]
+        if reason.startswith("generic_jump"):
+            reason += " (Dynamo's words for a Python `if` on a tensor's value)"
+        raise Wrong(f"the graph still breaks {breaks.break_count} time(s); the first break is{where}: {reason}")
     error = fullgraph_error(normalise, small)
     if error:
         raise Wrong(f"fullgraph=True raises {error}")
@@ -44,8 +49,8 @@ def check_no_graph_break(normalise) -> None:
     id="ch8-dynamic-export", chapter=8,
     task="write export_any_length(model, example): torch.export.export a model that takes x of shape (B, T, 8) so "
          "that the ExportedProgram runs at ANY batch size B and sequence length T (2 to 512); return the program",
-    hint="torch.export fixes every dim of the example input unless dynamic_shapes says otherwise. Which dims of "
-         "x change between calls, and how does torch.export.Dim name them?",
+    hint="torch.export fixes every dim of the example input unless dynamic_shapes declares it. Which dims of x "
+         "change between calls, and does each of them get its own Dim whose range covers the sizes the task names?",
 )
 def check_dynamic_export(export_any_length) -> None:
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
-"""Chapter 8's models: an MLP, a tiny transformer block, a softmax over the sequence dim, and a branch on the batch
-size, each chosen for what compiling or exporting it shows."""
+"""Chapter 8's models: an MLP, a tiny transformer block, a softmax over the sequence dim, a branch on the batch
+size, and a function wrapped as a module, each chosen for what compiling or exporting it shows."""
 from __future__ import annotations
 
 import torch
@@ -54,3 +54,16 @@ class DoubleLargeBatches(nn.Module):
         if x.shape[0] > 16:
             return x * 2
         return x
+
+
+class FunctionModule(nn.Module):
+    """A plain function `fn(x)` as a module, so that torch.export (which takes modules) can export it."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        if not callable(fn):
+            raise TypeError(f"FunctionModule needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
