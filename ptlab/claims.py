@@ -126,11 +126,15 @@ class Check:
         return bool(_COMPARISONS[m["op"]](value, rhs))
 
     def line(self) -> str:
-        """The statement with its measured value: 'what: ≈0.01 < 0.5', or 'what: ≈0.9, not < 0.5'."""
+        """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5', "what: ok, which does not contain 'x'"."""
         shown = f"{self.what}: {show(self.value)}"
         if self.bound.startswith("is "):
             return shown  # the value itself says True or False
-        return f"{shown} {self.bound}" if self.holds else f"{shown}, not {self.bound}"
+        if self.holds:
+            return f"{shown} {self.bound}"
+        if self.bound.strip().startswith("contains "):   # 'not contains' is not English
+            return f"{shown}, which does not contain {self.bound.strip()[len('contains '):]}"
+        return f"{shown}, not {self.bound}"
 
 
 def claim(statement: str, holds: bool, evidence: str = "") -> None:
