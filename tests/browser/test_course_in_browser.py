@@ -9,7 +9,7 @@ new chapter is covered without editing this file.
 from __future__ import annotations
 
 import pytest
-from labdriver import ARTIFACTS, REPO, SHOW_PITFALL, check_notebook, course_notebooks
+from labdriver import ARTIFACTS, REPO, SHOW_PITFALL, check_notebook, course_notebooks, step_through
 
 pytestmark = pytest.mark.browser
 
@@ -31,3 +31,16 @@ def test_notebook_in_jupyterlab(notebook, lab, browser, timings):
         assert report.driven, f"{notebook} shows pitfall widgets but none was driven"
         assert report.screenshots, f"{notebook}: no widget screenshot saved"
 
+
+
+# The chapter a learner's hour found silent waits in, run as a learner runs it: one Shift+Enter per cell.
+STEPPED = "notebooks/05_checkpoints_debugging.ipynb"
+
+
+@pytest.mark.timeout(1200)
+def test_a_chapter_cell_by_cell_never_waits_in_silence(lab, browser):
+    report = step_through(browser, lab, STEPPED, REPO / STEPPED, silent_limit_s=10.0)
+    assert not report.problems, f"{STEPPED} cell by cell:\n  " + "\n  ".join(report.problems)
+    slowest = sorted(report.seconds.items(), key=lambda kv: -kv[1])[:3]
+    assert not report.silent, (f"{STEPPED}: cells that ran over 10 s with nothing on screen:\n  "
+                               + "\n  ".join(report.silent) + f"\n(slowest cells: {slowest})")

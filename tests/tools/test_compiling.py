@@ -301,3 +301,23 @@ def test_excerpt_keeps_the_part_that_names_the_dim_and_the_whole_message():
     assert short == "index: 1 Got: 20 Expected: 10" and isinstance(short, str)
     assert short.full.startswith("[ONNXRuntimeError]") and short.full.endswith("or the model.")
     assert Excerpt("no such words", start="index:") == "no such words"
+
+
+def test_explain_breaks_throws_away_what_was_compiled_before():
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+
+    def double(x):
+        return x * 2
+
+    compiled = torch.compile(double, backend=backend)
+    x = torch.ones(3)
+    compiled(x)
+    compiled(x)
+    assert len(compiles) == 1                      # cached: the second call compiled nothing
+    explain_breaks(lambda t: t + 1, x)
+    compiled(x)
+    assert len(compiles) == 2, "the docstring says explain resets Dynamo: the function must compile again"
