@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._graph_watch import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
 from .claims import measured
+from .loop import model_device, to_device
 from .memory import SavedTensors, saved_tensor_bytes, storage_key  # noqa: F401  (their old import path)
 
 # What each cause means, in the words the report prints.
@@ -209,6 +210,10 @@ def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
         inputs, target = batch[0], (batch[1] if len(batch) == 2 else None)
     else:
         raise ValueError(f"batch must be X, (X,) or (X, y), got a {type(batch).__name__} of length {len(batch)}")
+    device = model_device(model)              # the batch goes where the model is, as a training loop moves it
+    if device is not None:
+        inputs = to_device(inputs, device) if isinstance(inputs, torch.Tensor) else inputs
+        target = to_device(target, device) if isinstance(target, torch.Tensor) else target
     watcher = ForwardWatcher()
     modules = {**dict(model.named_modules()), **extra_modules}
     handles = [h for name, m in modules.items()

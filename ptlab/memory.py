@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .loop import model_device, to_device
+
 MiB = 2**20
 
 
@@ -70,11 +72,17 @@ class MemoryBreakdown:
 
 def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor],
                      loss_fn: Callable | None = None) -> MemoryBreakdown:
-    """Measure one training step's memory by part, on a deep copy of model and optimizer."""
+    """Measure one training step's memory by part, on a deep copy of model and optimizer.
+
+    The batch is moved to the model's device first (where it already is, it is used as it is).
+    """
     if not isinstance(model, nn.Module) or not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("memory_breakdown(model, optimizer, (X, y)) needs an nn.Module and a torch optimizer")
     loss_fn = loss_fn or nn.functional.cross_entropy
     X, y = batch
+    device = model_device(model)
+    if device is not None:
+        X, y = to_device(X, device), to_device(y, device)
     twin, twin_optimizer = copy.deepcopy((model, optimizer))  # one copy: the optimizer holds the twin's params
     twin.train()
     params = list(twin.parameters())

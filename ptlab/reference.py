@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from . import data
 from .data import CLASSES, normalize_uint8, uint8_split
+from .loop import model_device
 from .models import SmallCNN
 
 WIDTH = 16           # a quarter of SmallCNN's default compute: reproductions take seconds, not minutes
@@ -77,13 +78,18 @@ def batch_stream(seed: int = 0, augment: bool = False, indices: Sequence[int] | 
 
 @torch.no_grad()
 def accuracy_on(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 500) -> float:
-    """Accuracy of model on uint8 images (N, 3, 32, 32) and labels (N,), in eval mode (every module's mode restored)."""
+    """Accuracy of model on uint8 images (N, 3, 32, 32) and labels (N,), in eval mode (every module's mode restored).
+
+    Each batch goes to the model's device; predictions are compared with the labels on the CPU.
+    """
     if len(images) != len(labels) or len(labels) == 0:
         raise ValueError(f"images and labels must be non-empty and of the same length, got {len(images)} and {len(labels)}")
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
-        correct = sum(int((model(normalize_uint8(images[i:i + batch_size])).argmax(1) == labels[i:i + batch_size]).sum())
+        device = model_device(model) or torch.device("cpu")
+        correct = sum(int((model(normalize_uint8(images[i:i + batch_size]).to(device)).argmax(1).cpu()
+                           == labels[i:i + batch_size].cpu()).sum())
                       for i in range(0, len(labels), batch_size))
     finally:
         for m, was_training in modes:

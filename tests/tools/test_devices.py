@@ -365,13 +365,6 @@ def test_pinned_batches_are_copied_non_blocking_the_others_not(monkeypatch):
     assert [t.device for t in moved] == [SECOND, SECOND] and torch.equal(moved[1].cpu(), y)
 
 
-# Tools that do not move the batch yet (not in this change's files): strict, so a fix makes them fail
-# until the marker goes.
-NOT_MOVED_YET = pytest.mark.xfail(raises=DeviceMixed, strict=True,
-                                  reason="the tool calls the model on the batch where the batch is")
-
-
-@NOT_MOVED_YET
 def test_memory_breakdown_moves_the_batch_to_the_model():
     from ptlab.memory import memory_breakdown
 
@@ -383,7 +376,6 @@ def test_memory_breakdown_moves_the_batch_to_the_model():
     assert on_cpu == on_second
 
 
-@NOT_MOVED_YET
 def test_diagnose_gradients_moves_the_batch_to_the_model():
     from ptlab.diagnose import diagnose_gradients
 
@@ -395,7 +387,6 @@ def test_diagnose_gradients_moves_the_batch_to_the_model():
     assert on_cpu == on_second
 
 
-@NOT_MOVED_YET
 def test_reference_accuracy_on_moves_the_images_to_the_model():
     from ptlab.models import SmallCNN
     from ptlab.reference import accuracy_on
