@@ -5,7 +5,7 @@ Two kinds of numbers reach a notebook's output:
 - exact facts (shapes, dtypes, counts, error messages), the same on every machine: printed as they are;
 - measured figures (losses, accuracies, times, ratios), whose digits depend on the CPU's SIMD width,
   the thread count and the device: printed through `measured()`, which marks them with '≈'.
-  The sanitize file that strict nbval uses masks exactly those, and nothing else.
+  The sanitize file that strict nbval uses masks those, plus memory addresses and progress bars, and nothing else.
 
 What a measured figure is for, a claim decides with a bound that holds on every machine:
 `claim_measured("test accuracy", acc, "in [0.80, 0.95]")` prints `✔ test accuracy: ≈0.8495 in [0.80, 0.95]`.

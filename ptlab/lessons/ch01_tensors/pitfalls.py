@@ -171,7 +171,7 @@ def inplace_alias(buggy: bool) -> Outcome:
     except for a single column (`C == 1`): `(N, 1) / (N,)` silently gives an `(N, N)` matrix. So the bug
     survives tests on square or one-column toy inputs and strikes in production, or the reverse.""",
     catch="""Keep the reduced dim as size 1 in any reduction you broadcast back (the reductions take an
-    argument for that), or use `torch.softmax` / `torch.nn.functional.normalize` with an explicit `dim`;
+    argument for that), or use `torch.nn.functional.normalize(x, p=1, dim=1)` (for non-negative x), whose `dim` is explicit;
     assert the output's shape and the invariant (rows sum to 1) in a test, on an input with several rows
     and a different number of columns.""",
 )

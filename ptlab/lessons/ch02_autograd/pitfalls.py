@@ -170,7 +170,8 @@ def detach_in_forward(buggy: bool) -> Outcome:
     catch="""Read the message: the shape and the producing op point at the tensor. Rerun the step under
     `torch.autograd.detect_anomaly()` (or `set_detect_anomaly(True)`): the failing backward then warns with
     the traceback of the forward call whose backward needed the tensor, the op that saved it. Neither
-    names the in-place write: look for one into that tensor between the two. Replace it with an
+    names the in-place write: look for one into that tensor after the op that saved it and before
+    `backward()` (a write before the save is harmless). Replace it with an
     out-of-place edit (`h = h * mask`, `torch.where`) or `clone()` first. `tensor._version` shows how many
     times a tensor was modified in place.""",
 )
