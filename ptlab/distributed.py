@@ -364,8 +364,11 @@ def torchrun_command(target: list[str], nproc: int = 2, *, nnodes: int = 1, node
 
 def multinode_command(nnodes: int = 2, nproc: int = 8, endpoint: str = "node0.example:29500",
                       target: str = "-m ptlab train --epochs 30") -> str:
-    """The command to type on every machine of a multi-node job (same line everywhere, --node-rank aside)."""
-    return (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc} --node-rank=<0..{nnodes - 1}> "
+    """The command to type on every machine of a multi-node job: the same line everywhere.
+
+    No --node-rank: with c10d rendezvous torchrun numbers the machines itself (the flag is for static rendezvous).
+    """
+    return (f"torchrun --nnodes={nnodes} --nproc-per-node={nproc} "
             f"--rdzv-backend=c10d --rdzv-endpoint={endpoint} --rdzv-id=job42 {target}")
 
 
