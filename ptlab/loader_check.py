@@ -202,9 +202,10 @@ def _verdict(wait_share: float, num_workers: int, has_compute: bool = True) -> t
     if num_workers == 0:
         # No core count in this line: the report is stored in notebooks that must read the same on every machine.
         return label, gain + ("load in parallel: try num_workers=2, then more while samples/s rises, up to the cores "
-                              "this process may use")
+                              "this process may use (beyond them if samples wait on disk or network)")
     if num_workers < cores:
-        return label, gain + f"raise num_workers towards {cores}, the cores this process may use"
+        return label, gain + (f"raise num_workers towards {cores}, the cores this process may use (beyond them if "
+                              "samples wait on disk or network)")
     return label, gain + ("the workers already match the cores: if a sample waits on a disk or the network, more "
                           "workers than cores can still help (measure with throughput_by_workers); if it is CPU "
                           "work, make each sample cheaper (per-batch transforms after collation, cached decoded "

@@ -25,8 +25,8 @@ def usable_cpus() -> int:
 def seed_worker_numpy_rng(worker_id: int) -> None:
     """worker_init_fn: give the worker's copy of dataset.rng its own seed (differs per worker and per worker start).
 
-    Workers start every epoch, or once with persistent_workers=True. The dataset must be the loader's own: a
-    wrapper (ptlab.loader_check.check_loader wraps it, for one) has no `rng` and gets an AttributeError.
+    Workers start every epoch, or once with persistent_workers=True. A wrapper around the dataset must forward
+    attribute reads and writes (check_loader's does); one that does not has no `rng` and gets an AttributeError.
     """
     info = get_worker_info()
     if info is None:
