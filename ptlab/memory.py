@@ -5,7 +5,8 @@ the model (yours is not trained): parameters and gradients by their tensors, the
 after one step (AdamW keeps two tensors per parameter, SGD with momentum one), and the activations
 autograd saves for backward, counted by a saved-tensor hook. The input batch counts the bytes its
 tensors cover; a batch sliced from a larger tensor keeps all of it alive, reported apart. Byte counts
-follow from shapes and dtypes, so they are exact facts, the same on every machine.
+follow from shapes and dtypes, so they are exact facts, the same on every CPU (on a GPU, cuDNN may save
+extra tensors of its own).
 """
 from __future__ import annotations
 

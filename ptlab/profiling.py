@@ -8,7 +8,8 @@ opens in https://ui.perfetto.dev or chrome://tracing.
 
 The printed tables are narrow (operator, self time, share, calls; device time when a GPU was
 profiled); torch's own tables with every column are `report.full_table` and `report.full_memory_table`.
-One known message is held back: torch's CPU allocator warns, once per process, that "Memory block of
+One known message is held back: torch's CPU allocator warns (on the first such free, then on every
+thousandth) that "Memory block of
 unknown size was allocated before the profiling started". It means that a tensor made before the
 profile (a weight, a gradient of the step before) was freed inside it, so that free has no matching
 allocation in the memory table; it is harmless. Everything else written to stderr during the

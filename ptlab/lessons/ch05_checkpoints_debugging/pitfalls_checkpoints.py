@@ -198,7 +198,7 @@ def model_only_checkpoint(buggy: bool) -> Outcome:
 @pitfall(
     id="unseeded-runs-differ", chapter=5,
     title="Without a seed, two runs of the same code train different models",
-    symptom="two runs of the same script end with different weights and a different held-out loss",
+    symptom="two runs of the same script end with different weights and a different final training loss",
     why="""Initial weights, shuffling, dropout and augmentation all draw from random generators. Unseeded,
     torch seeds its generator from the clock and the OS at start-up, so every run starts elsewhere and
     ends elsewhere: a change you make cannot be told from the noise of a new seed.""",

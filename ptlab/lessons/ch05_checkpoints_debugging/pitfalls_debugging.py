@@ -16,7 +16,7 @@ from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accur
     id="nan-from-a-poisoned-sample", chapter=5,
     title="One NaN in the data turns the loss, then every weight, into NaN",
     symptom="one NaN feature in 600 samples makes the loss NaN at the first full-batch step and "
-            "leaves every weight NaN",
+            "leaves NaN in every weight tensor",
     why="""A NaN input propagates through every operation it touches: the forward pass, the loss (a mean
     over the batch), every gradient, and then every weight the optimizer updates. After one step the
     model is ruined, and nothing raised. The model is not to blame: the data is.""",
