@@ -49,7 +49,8 @@ def check_ring_allreduce_seconds(allreduce_seconds) -> None:
             raise Wrong(f"return a number of seconds, got {type(got).__name__}")
         if not math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-12):
             ratio = got / expected if expected else float("inf")
-            more = (" That is the time to send the whole buffer once: a ring sends less per rank than that, "
-                    "but in two rounds." if math.isclose(got, n_bytes / bandwidth, rel_tol=1e-6) else "")
+            more = (" That is the time to send the whole buffer once. In a ring each rank sends one 1/world "
+                    "chunk per step, in two phases (reduce-scatter, then all-gather): count the steps."
+                    if math.isclose(got, n_bytes / bandwidth, rel_tol=1e-6) else "")
             raise Wrong(f"allreduce_seconds({n_bytes:g}, {world}, {bandwidth:g}) = {got:g}, {ratio:.3g}x the "
                         f"expected {expected:g}.{more}")
