@@ -81,7 +81,8 @@ class CompileReport:
     """One model's compile cost and pay-off: first compiled call, then medians of eager and compiled calls."""
 
     name: str
-    compile_seconds: float     # the first compiled call (tracing, code generation, the C++ build, one run)
+    compile_seconds: float     # the first compiled call: tracing, code generation and the C++ build (or loading
+                               # them from Inductor's cache), then one run
     eager_seconds: float       # median eager call after warm-up
     compiled_seconds: float    # median compiled call after warm-up
 

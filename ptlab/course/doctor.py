@@ -148,7 +148,7 @@ def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
     """Compile chapter 8's first function with Inductor in a fresh process (the environment's CPU capability).
 
     It proves that the whole chain builds, not only that a compiler exists, and it leaves Inductor's
-    on-disk caches for this CPU capability warm: the one-time build of its C++ header (10-20 s on two
+    on-disk caches for this CPU capability warm: the one-time build of its C++ header (10-30 s on two
     cores) and the graph chapter 8 compiles first (same function, same input, one thread) happen here,
     when the machine is prepared, instead of in the chapter.
     """

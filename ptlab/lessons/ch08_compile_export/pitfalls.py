@@ -41,8 +41,8 @@ class Excerpt(str):
             "x, not 2x)",
     why="""`trace` runs the model on the example and records the tensor ops that ran. `x.shape[0] > 16` was
     False for the example batch, so only that branch is in the trace; at batch 32 it still runs it. The
-    only sign comes at trace time: a TracerWarning from each run trace makes (the trace itself and its
-    check run, so 2 here); nothing is raised or warned when the traced model runs (the table counts both). TorchScript itself
+    only sign comes at trace time: a TracerWarning for each run of the model that trace makes (the trace
+    itself and its check run, so 2 here); nothing is raised or warned when the traced model runs (the table counts both). TorchScript itself
     is deprecated in this torch version.""",
     catch="""Use torch.compile (it guards on the shape and re-traces when the branch flips) or torch.export
     (it refuses or asks for a constraint). Compare outputs with eager at several batch sizes, and turn
