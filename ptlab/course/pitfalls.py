@@ -83,8 +83,9 @@ def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
     With the bug on, every check must hold (the symptom shows); fixed, none may (it is gone).
     """
     record = get_pitfall(pitfall_id)
+    print(record.id, flush=True)          # the table's first line, shown at once: both runs can take seconds
     comparison = PitfallComparison(record, record.run(buggy=True), record.run(buggy=False))
-    print(comparison.table())
+    print(comparison.table().split("\n", 1)[1])
     for check in comparison.buggy.checks:
         claim(f"bug on: {check.line()}", check.holds)
     for check in comparison.fixed.checks:
