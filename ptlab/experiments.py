@@ -148,10 +148,15 @@ class RunTable:
 
 
 def compare_runs(runs: list[Run] | str | Path = "runs", sort_by: str | None = None,
-                 descending: bool = True) -> RunTable:
-    """A table of runs (a list, or the runs folder), sorted by a metric or config key (not-finite values last)."""
+                 descending: bool | None = None) -> RunTable:
+    """A table of runs (a list, or the runs folder), sorted by a metric or config key (not-finite values last).
+
+    Best first by default: ascending for a key that names a loss or an error, descending for anything else.
+    """
     if not isinstance(runs, list):
         runs = load_runs(runs)
+    if descending is None:
+        descending = not (sort_by and any(word in sort_by.lower() for word in ("loss", "error")))
     return RunTable(runs, sort_by=sort_by, descending=descending)
 
 

@@ -98,3 +98,11 @@ def test_a_diverged_run_sorts_last_instead_of_breaking_the_table(tmp_path):
     runs = load_runs(tmp_path) + [Run("hand-made", {"lr": 5.0}, {"val_acc": float("inf")})]  # a float inf
     names = [r.name for r in compare_runs(runs, sort_by="val_acc").runs]
     assert names[:2] == ["run-003", "run-001"] and names[-1] == "run-004", "inf is not a best accuracy"
+
+
+def test_the_best_run_comes_first_for_a_loss_and_for_an_accuracy(tmp_path):
+    log_run({"lr": 0.1}, {"val_acc": 0.70, "val_loss": 0.9}, runs_dir=tmp_path)
+    log_run({"lr": 0.01}, {"val_acc": 0.90, "val_loss": 0.3}, runs_dir=tmp_path)
+    assert [r.name for r in compare_runs(tmp_path, sort_by="val_loss").runs] == ["run-002", "run-001"]
+    assert [r.name for r in compare_runs(tmp_path, sort_by="val_acc").runs] == ["run-002", "run-001"]
+    assert [r.name for r in compare_runs(tmp_path, sort_by="val_loss", descending=True).runs] == ["run-001", "run-002"]
