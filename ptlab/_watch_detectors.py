@@ -312,7 +312,7 @@ class Modes(Detector):
                 "eval-without-eval-mode",
                 f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
                 f"{self.watch.step}): it {what}; call model.eval() before evaluating",
-                {"module": name, "type": type(module).__name__, "step": self.watch.step}, self.watch.where()),
+                {"module": name, "type": type(module).__name__, "step": self.watch.step}, self.watch.where(outside_forward=True)),
                 module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
         elif (is_bn and torch.is_grad_enabled() and module.affine and not module.weight.requires_grad
               and "frozen-backbone-batchnorm-train-mode" not in self.found):
@@ -320,7 +320,7 @@ class Modes(Detector):
                 "frozen-backbone-batchnorm-train-mode",
                 f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
                 f"{self.watch.step + 1}: its running statistics keep moving to the new data",
-                {"module": name, "step": self.watch.step + 1}, self.watch.where()),
+                {"module": name, "step": self.watch.step + 1}, self.watch.where(outside_forward=True)),
                 module, module.running_mean.detach().clone())
 
     def findings(self) -> list[Finding]:

@@ -127,14 +127,16 @@ class _Watcher:
         return self.step < self.steps
 
     # --- what the detectors ask ---------------------------------------------------------------------------
-    def where(self) -> str | None:
-        """file:line of the innermost frame outside torch, the standard library's runpy and this watch."""
+    def where(self, outside_forward: bool = False) -> str | None:
+        """file:line of the innermost frame outside torch, runpy and this watch (and, if asked, outside forward())."""
         frame = sys._getframe(1)
         while frame is not None:
             name = frame.f_code.co_filename
-            if name not in _OWN_FILES and not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen"):
-                if "contextlib" not in name:
-                    return f"{name}:{frame.f_lineno}"
+            if (name not in _OWN_FILES and not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
+                    and "contextlib" not in name
+                    and not (outside_forward and frame.f_code.co_name == "forward"
+                             and isinstance(frame.f_locals.get("self"), nn.Module))):
+                return f"{name}:{frame.f_lineno}"
             frame = frame.f_back
         return None
 
