@@ -29,6 +29,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._watch_detectors import DETECTORS, LOSS_CALLS, SUM_CALLS, Finding
+from .models import SmallCNN
+from .timing import compare
 
 __all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead"]
 
@@ -357,9 +359,6 @@ def run_script(path: Path, script_args: list[str], steps: int = 200) -> Report:
 
 def measure_overhead(steps: int = 20, batch_size: int = 64, repeats: int = 5) -> dict[str, float]:
     """Chapter 4's SmallCNN training step with and without the watch, side by side: seconds per step and the ratio."""
-    from .models import SmallCNN
-    from .timing import compare
-
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(batch_size, 3, 32, 32, generator=generator)
     y = torch.randint(0, 10, (batch_size,), generator=generator)
