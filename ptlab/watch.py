@@ -32,7 +32,7 @@ from ._watch_detectors import DETECTORS, LOSS_CALLS, SUM_CALLS, Finding
 from .models import SmallCNN
 from .timing import compare
 
-__all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead"]
+__all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead", "overhead_line"]
 
 # Which registered pitfall each detector observes (the registry test runs every one of them both ways).
 DETECTS: dict[str, str] = {
@@ -54,6 +54,7 @@ DETECTS: dict[str, str] = {
     "clip-without-unscale": "clip_grad_norm_ on gradients still scaled by a GradScaler",
     "scaler-update-forgotten": "GradScaler.step twice with no update between",
     "scaler-update-before-step": "GradScaler.update with no step before it",
+    "ddp-sampler-without-set-epoch": "a shuffling DistributedSampler iterated again with the same epoch",
 }
 
 _OWN_FILES = {str(Path(__file__)), str(Path(__file__).with_name("_watch_detectors.py"))}
@@ -379,6 +380,18 @@ def measure_overhead(steps: int = 20, batch_size: int = 64, repeats: int = 5) ->
     result = compare(train_steps, watched, warmup=1, repeats=repeats, names=("plain", "watched"))
     plain, with_watch = result.a.median / steps, result.b.median / steps
     return {"plain s/step": plain, "watched s/step": with_watch, "overhead": with_watch / plain - 1}
+
+
+OVERHEAD_BUDGET = 0.25
+
+
+def overhead_line() -> tuple[str, bool]:
+    """make bench's line: the watch's overhead on chapter 4's SmallCNN step, and whether it is within budget."""
+    figures = measure_overhead()
+    within = figures["overhead"] <= OVERHEAD_BUDGET
+    return (f"ptlab watch on a SmallCNN training step (batch 64): {figures['plain s/step'] * 1e3:.1f} ms plain, "
+            f"{figures['watched s/step'] * 1e3:.1f} ms watched, overhead {figures['overhead']:+.0%} "
+            f"(budget {OVERHEAD_BUDGET:.0%})"), within
 
 
 if __name__ == "__main__":

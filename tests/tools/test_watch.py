@@ -26,16 +26,33 @@ def test_every_detected_pitfall_is_registered():
     assert len(DETECTS) >= 15
 
 
+IN_RANK = {"ddp-sampler-without-set-epoch"}   # the harness starts rank processes, which the watch cannot see
+
+
+def _run(record, buggy: bool, tmp_path: Path) -> None:
+    """The pitfall's reproduction; for a rank pitfall, what each rank runs, as the one rank of a gloo group."""
+    if record.id not in IN_RANK:
+        record.run(buggy=buggy)
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store-{buggy}", rank=0, world_size=1)
+    try:
+        record.reproduce(buggy=buggy, in_rank=True)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("pitfall_id", sorted(DETECTS))
-def test_registry_buggy_caught_fixed_clean(pitfall_id):
+def test_registry_buggy_caught_fixed_clean(pitfall_id, tmp_path):
     record = get_pitfall(pitfall_id)
     with watch() as buggy:
-        record.run(buggy=True)
+        _run(record, True, tmp_path)
     assert pitfall_id in buggy.pitfalls, str(buggy)
     found = next(f for f in buggy.findings if f.pitfall == pitfall_id)
     assert found.message and found.to_json()["evidence"]["reproduce"] == f"python -m ptlab pitfalls run {pitfall_id}"
     with watch() as fixed:
-        record.run(buggy=False)
+        _run(record, False, tmp_path)
     assert fixed.findings == [], str(fixed)
 
 
@@ -307,6 +324,18 @@ def test_buggy_training_script_shows_exactly_its_three_bugs(capsys):
     bug_lines = [i + 1 for i, line in enumerate(BUGGY_SCRIPT.read_text().splitlines()) if "# BUG" in line]
     for line in bug_lines:
         assert f"buggy_training.py:{line}" in text, (line, text)
+
+
+def test_overhead_line_says_whether_it_is_within_budget(monkeypatch):
+    import ptlab.watch
+
+    monkeypatch.setattr(ptlab.watch, "measure_overhead",
+                        lambda: {"plain s/step": 0.010, "watched s/step": 0.012, "overhead": 0.2})
+    assert ptlab.watch.overhead_line() == ("ptlab watch on a SmallCNN training step (batch 64): 10.0 ms plain, "
+                                           "12.0 ms watched, overhead +20% (budget 25%)", True)
+    monkeypatch.setattr(ptlab.watch, "measure_overhead",
+                        lambda: {"plain s/step": 0.010, "watched s/step": 0.013, "overhead": 0.3})
+    assert ptlab.watch.overhead_line()[1] is False
 
 
 def test_overhead_on_the_chapter_4_step():
