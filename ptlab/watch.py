@@ -100,7 +100,7 @@ class _Mode(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         w = self.watcher
-        if not w.busy:
+        if not w.busy and not torch.compiler.is_compiling():
             name = getattr(func, "__name__", "")
             if name in w.call_names:
                 w.on_call(name, args, kwargs, result)
@@ -171,7 +171,7 @@ class _Watcher:
                 backward(tensor)
 
     def forward_pre(self, module, args) -> None:
-        if self.busy:
+        if self.busy or torch.compiler.is_compiling():
             return
         with self._quiet():
             root = self.depth == 0
@@ -184,7 +184,7 @@ class _Watcher:
                 pre(module, args, root)
 
     def forward_post(self, module, args, output) -> None:
-        if self.busy:
+        if self.busy or torch.compiler.is_compiling():
             return
         with self._quiet():
             self.depth = max(0, self.depth - 1)
