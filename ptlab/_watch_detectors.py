@@ -262,8 +262,8 @@ class Graphs(Detector):
         self.candidates.pop(id(tensor), None)
         self.eval_outputs = []
 
-    def forward(self, module: nn.Module, output: Any) -> None:
-        if module.training or not torch.is_grad_enabled() or self.eval_found is not None:
+    def forward(self, module: nn.Module, output: Any, root: bool) -> None:
+        if not root or module.training or not torch.is_grad_enabled() or self.eval_found is not None:
             return
         tensor = output if isinstance(output, torch.Tensor) else None
         if tensor is None or tensor.grad_fn is None:
@@ -351,7 +351,7 @@ class NonFinite(Detector):
                 self.inputs.append(((~torch.isfinite(args[0].detach())).sum(), self.watch.step + 1,
                                     self.watch.module_name(module), None))
 
-    def forward(self, module: nn.Module, output: Any) -> None:
+    def forward(self, module: nn.Module, output: Any, root: bool) -> None:
         if self.check_modules and self.first_bad_module is None and isinstance(output, torch.Tensor) \
                 and output.is_floating_point() and not bool(torch.isfinite(output.detach()).all()):
             self.first_bad_module = f"{self.watch.module_name(module)} ({type(module).__name__})"

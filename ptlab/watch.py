@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
 from ._watch_detectors import DETECTORS, LOSS_CALLS, SUM_CALLS, Finding
@@ -174,7 +175,7 @@ class _Watcher:
         if self.busy or torch.compiler.is_compiling():
             return
         with self._quiet():
-            root = self.depth == 0
+            root = self.depth == 0 and not isinstance(module, _Loss)    # a loss module is not a model
             self.depth += 1
             if root:
                 self.forwards += 1
@@ -188,8 +189,9 @@ class _Watcher:
             return
         with self._quiet():
             self.depth = max(0, self.depth - 1)
+            root = self.depth == 0 and not isinstance(module, _Loss)
             for post in self._by["forward"]:
-                post(module, output)
+                post(module, output, root)
 
     def step_pre(self, opt, args, kwargs) -> None:
         if not self.active:

@@ -343,3 +343,13 @@ def test_overhead_on_the_chapter_4_step():
     print(f"watch overhead on a SmallCNN training step: {figures['overhead']:.1%}")
     assert math.isfinite(figures["overhead"])
     assert figures["overhead"] < 1.0                            # generous here; make bench prints the figure
+
+
+def test_no_false_alarm_from_a_saliency_map_or_a_loss_module():
+    model = _mlp().eval()                                       # eval mode with gradients: a saliency map
+    X, y = next(iter(_loader()))
+    with watch() as report:
+        for _ in range(3):
+            X = X.clone().requires_grad_(True)
+            nn.CrossEntropyLoss()(model(X), y).backward()       # a loss module called on its own
+    assert report.findings == [], str(report)
