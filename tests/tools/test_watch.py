@@ -321,7 +321,7 @@ def test_buggy_training_script_shows_exactly_its_three_bugs(capsys):
     text = out.readouterr().out
     found = [line.split(":")[0][2:] for line in text.splitlines() if line.startswith("- ")]
     assert sorted(found) == ["eval-without-eval-mode", "running-loss-keeps-graph", "softmax-before-cross-entropy"]
-    bug_lines = [i + 1 for i, line in enumerate(BUGGY_SCRIPT.read_text().splitlines()) if "# BUG" in line]
+    bug_lines = [i + 1 for i, line in enumerate(BUGGY_SCRIPT.read_text().splitlines()) if "# BUG:" in line]
     for line in bug_lines:
         assert f"buggy_training.py:{line}" in text, (line, text)
 
