@@ -158,8 +158,10 @@ class LossCalls(Detector):
         self.found: dict[str, Finding] = {}
         self.ce: list[torch.Tensor] = []         # training cross-entropy values
         self.classes = 0
-        self.distinct: list[torch.Tensor] = []
+        self.distinct: list[int] = []
         self.batch = 0
+        self.where_first: str | None = None
+        self.where_loss: str | None = None
 
     def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
         if name == "softmax":
@@ -192,6 +194,8 @@ class LossCalls(Detector):
         if not training or x.ndim != 2 or target.ndim != 1 or target.dtype.is_floating_point:
             return
         self.classes = x.shape[1]
+        if not self.ce:
+            self.where_loss = self.watch.where()
         self.ce.append(loss.detach().clone())
         if len(self.distinct) < 10 and self.classes >= 3 and len(target) >= 2 * self.classes:
             self.distinct.append(target.unique().numel())
@@ -218,7 +222,7 @@ class LossCalls(Detector):
                     "shuffled-labels",
                     f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
                     f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs",
-                    {"steps": len(values), "loss, last 20": last, "ln(classes)": chance}, None))
+                    {"steps": len(values), "loss, last 20": last, "ln(classes)": chance}, self.where_loss))
         return found
 
 

@@ -323,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     own, script = _split_argv(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m ptlab watch", description=__doc__.splitlines()[0],
                                      usage="python -m ptlab watch SCRIPT [SCRIPT_ARGS...] [--steps N] [--json PATH]",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     epilog="--steps and --json are the watch's wherever they stand; a script's own "
+                                            "options of those names go after `--`. Exit status: 0 nothing found, "
+                                            "1 a pitfall found, 2 the script failed.")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps to observe")
     parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON to PATH")
     args = parser.parse_args(own)
