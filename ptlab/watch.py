@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import runpy
 import sys
 import traceback
@@ -30,6 +29,7 @@ from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
 from ._watch_detectors import DETECTORS, LOSS_CALLS, SUM_CALLS, Finding
+from ._watch_wrapped import Amp, Samplers
 from .models import SmallCNN
 from .timing import compare
 
@@ -58,7 +58,7 @@ DETECTS: dict[str, str] = {
     "ddp-sampler-without-set-epoch": "a shuffling DistributedSampler iterated again with the same epoch",
 }
 
-_OWN_FILES = {str(Path(__file__)), str(Path(__file__).with_name("_watch_detectors.py"))}
+_OWN_FILES = {str(Path(__file__).with_name(name)) for name in ("watch.py", "_watch_detectors.py", "_watch_wrapped.py")}
 _SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
 
 
@@ -119,7 +119,7 @@ class _Watcher:
         self.depth = 0
         self.names: dict[int, str] = {}
         self.last_scaler = None
-        self.detectors = [d(self) for d in DETECTORS]
+        self.detectors = [d(self) for d in [*DETECTORS, Amp, Samplers]]
         self.call_names = LOSS_CALLS | SUM_CALLS | {"softmax"}
         self._by = {m: [getattr(d, m) for d in self.detectors if hasattr(d, m)]
                     for m in ("call", "backward", "forward_pre", "forward", "step_pre", "step_post")}
@@ -220,8 +220,8 @@ class _Watcher:
         from torch.optim import optimizer as optimizer_hooks
         from torch.utils.data import DataLoader
 
-        amp = next(d for d in self.detectors if type(d).__name__ == "Amp")
-        samplers = next(d for d in self.detectors if type(d).__name__ == "Samplers")
+        amp = next(d for d in self.detectors if isinstance(d, Amp))
+        samplers = next(d for d in self.detectors if isinstance(d, Samplers))
         self.handles = [module_hooks.register_module_forward_pre_hook(self.forward_pre),
                         module_hooks.register_module_forward_hook(self.forward_post, always_call=True),
                         optimizer_hooks.register_optimizer_step_pre_hook(self.step_pre),
