@@ -18,6 +18,7 @@ import json
 import runpy
 import sys
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from ._watch_detectors import DETECTORS, LOSS_CALLS, SUM_CALLS, Finding
+from ._watch_detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Finding
 from ._watch_wrapped import Amp, Samplers
 from .models import SmallCNN
 from .timing import compare
@@ -99,7 +100,11 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
+        if (getattr(func, "__name__", "") in SHAPE_LOSSES and len(args) > 1 and isinstance(args[1], torch.Tensor)
+                and isinstance(args[0], torch.Tensor) and args[0].shape != args[1].shape):
+            result = _warning_at_caller(func, args, kwargs, self.watcher.warned)
+        else:
+            result = func(*args, **kwargs)
         w = self.watcher
         if not w.busy and not torch.compiler.is_compiling():
             name = getattr(func, "__name__", "")
@@ -108,6 +113,29 @@ class _Mode(TorchFunctionMode):
             elif name == "backward" and args and isinstance(args[0], torch.Tensor):
                 w.on_backward(args[0])
         return result
+
+
+def _warning_at_caller(func, args, kwargs, shown: set):
+    """Call a loss whose input and target shapes differ; its size warning names the learner's line, as without the watch.
+
+    Called from the mode, the loss's `warnings.warn(..., stacklevel=2)` would name this file. The warning is caught
+    and issued again at the line that called the loss, once per line (the default filter's rule); a filter set to
+    "error" or "ignore" still acts on it.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = func(*args, **kwargs)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not getattr(func, "__code__", None):
+        frame = frame.f_back                     # the loss function's own frame, before the mode was asked
+    frame = frame.f_back if frame is not None and frame.f_back is not None else sys._getframe(1)
+    for w in caught:
+        key = (str(w.message), w.category, frame.f_code.co_filename, frame.f_lineno)
+        if key not in shown:
+            shown.add(key)
+            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
+                                   module=frame.f_globals.get("__name__"))
+    return result
 
 
 class _Watcher:
@@ -119,6 +147,7 @@ class _Watcher:
         self.depth = 0
         self.names: dict[int, str] = {}
         self.last_scaler = None
+        self.warned: set = set()
         self.detectors = [d(self) for d in [*DETECTORS, Amp, Samplers]]
         self.call_names = LOSS_CALLS | SUM_CALLS | {"softmax"}
         self._by = {m: [getattr(d, m) for d in self.detectors if hasattr(d, m)]

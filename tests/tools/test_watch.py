@@ -353,3 +353,23 @@ def test_no_false_alarm_from_a_saliency_map_or_a_loss_module():
             X = X.clone().requires_grad_(True)
             nn.CrossEntropyLoss()(model(X), y).backward()       # a loss module called on its own
     assert report.findings == [], str(report)
+
+
+def test_a_loss_warning_names_the_same_line_with_and_without_the_watch():
+    import warnings
+
+    X, y = torch.randn(8, 1), torch.randn(8)
+
+    def run():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for _ in range(5):
+                F.mse_loss(X, y)                                # (8, 1) vs (8,): torch warns, once per line
+                nn.MSELoss()(X, y)
+        return [(w.filename, w.lineno, str(w.message)) for w in caught]
+
+    plain = run()
+    with watch() as report:
+        watched = run()
+    assert len(plain) == 2 and watched == plain
+    assert report.pitfalls == ["broadcast-loss-shape"]
