@@ -92,6 +92,9 @@ class Report:
             lines.append(f"    reproduce: python -m ptlab pitfalls run {f.pitfall}")
         return "\n".join(lines)
 
+    def __repr__(self) -> str:          # a notebook shows the report as it prints
+        return str(self)
+
 
 class _Mode(TorchFunctionMode):
     def __init__(self, watcher: "_Watcher") -> None:
