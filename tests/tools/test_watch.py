@@ -373,3 +373,12 @@ def test_a_loss_warning_names_the_same_line_with_and_without_the_watch():
         watched = run()
     assert len(plain) == 2 and watched == plain
     assert report.pitfalls == ["broadcast-loss-shape"]
+
+
+def test_the_catalogue_marks_exactly_the_detected_pitfalls():
+    from ptlab.course.catalogue import catalogue_markdown
+
+    rows = catalogue_markdown().splitlines()
+    assert rows[0].split("|")[4].strip() == "Watch"
+    marked = {row.rsplit("|", 2)[-2].strip().split()[-1].rstrip("`") for row in rows[2:] if row.split("|")[4].strip() == "✔"}
+    assert marked == set(DETECTS)
