@@ -290,6 +290,7 @@ def test_cli_exit_0_when_clean(tmp_path, capsys):
     assert json.loads(out.read_text()) == {"findings": [], "steps_observed": 7}
 
 
+@pytest.mark.filterwarnings("ignore:Using a target size")  # the script's own bug warns
 def test_cli_exit_1_and_json_when_found(tmp_path, capsys):
     script = _script(tmp_path, TRAIN.format(fix="", tail="pass"))
     out = tmp_path / "w.json"
@@ -303,6 +304,7 @@ def test_cli_exit_1_and_json_when_found(tmp_path, capsys):
     assert "python -m ptlab pitfalls run broadcast-loss-shape" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("ignore:Using a target size")  # the script's own bug warns
 def test_cli_exit_2_when_the_script_fails(tmp_path, capsys):
     script = _script(tmp_path, TRAIN.format(fix="", tail="raise RuntimeError('boom in the script')"))
     assert cli(["watch", str(script)]) == 2
