@@ -1,4 +1,4 @@
-"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench | train`."""
+"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench | train | watch`."""
 from __future__ import annotations
 
 import argparse
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", add_help=False, help="the reference training script (python -m ptlab train --help)")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda args: _train(args.args))
+    p = sub.add_parser("watch", add_help=False, help="run your training script under the pitfall watch "
+                                                      "(python -m ptlab watch --help)")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _watch(args.args))
     return parser
 
 
@@ -133,11 +137,19 @@ def _train(argv: list[str]) -> int:
     return train_main(argv)
 
 
+def _watch(argv: list[str]) -> int:
+    from .watch import main as watch_main
+
+    return watch_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m ptlab` and the `ptlab` script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # every option after `train` (--help included) is the training script's
         return _train(argv[1:])
+    if argv[:1] == ["watch"]:  # the script's own options included
+        return _watch(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

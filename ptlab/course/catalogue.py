@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from ptlab.course.pitfalls import all_pitfalls
+from ptlab.watch import DETECTS
 
 START, END = "<!-- pitfalls:start -->", "<!-- pitfalls:end -->"
 
@@ -25,11 +26,12 @@ def catalogue_text() -> str:
 
 def catalogue_markdown() -> str:
     """The README table, generated; `python -m ptlab catalogue --write README.md` refreshes it."""
-    rows = ["| Ch | Pitfall | Measured symptom | Try it |", "|---|---|---|---|"]
+    rows = ["| Ch | Pitfall | Measured symptom | Watch | Try it |", "|---|---|---|---|---|"]
     for p in all_pitfalls():
         title = p.title.replace("|", "\\|")
         symptom = p.symptom.replace("|", "\\|")
-        rows.append(f"| {p.chapter} | {title} | {symptom} | `python -m ptlab pitfalls run {p.id}` |")
+        watched = "✔" if p.id in DETECTS else ""                 # `python -m ptlab watch` finds it at run time
+        rows.append(f"| {p.chapter} | {title} | {symptom} | {watched} | `python -m ptlab pitfalls run {p.id}` |")
     return "\n".join(rows)
 
 

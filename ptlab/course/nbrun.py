@@ -12,6 +12,7 @@ import nbformat
 import psutil
 
 from ptlab.amp import speed_report
+from ptlab.watch import overhead_line
 
 SKIP_MARKS = ("NBVAL_SKIP", "NBVAL_IGNORE_OUTPUT")
 # nbval reads a cell's tags as well as comment markers; the course uses tags (learners never see them).
@@ -249,7 +250,7 @@ def budget_problems(run: NotebookRun) -> list[str]:
 def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
     checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
-    table, then every budget that was broken."""
+    table and the watch's overhead on chapter 4's step, then every budget that was broken."""
     from tqdm.auto import tqdm
 
     runs, problems = [], []
@@ -265,6 +266,10 @@ def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
         print("\n" + bench_markdown(runs))
     if speed:
         print("\n" + speed_report())
+        line, within = overhead_line()
+        print(line)
+        if not within:
+            problems.append(line)
     for p in problems:
         print(f"OVER BUDGET OR FAILED: {p}")
     return 1 if problems else 0

@@ -1,0 +1,412 @@
+"""Private to ptlab.watch: the detectors, each observing one pitfall at run time and reporting what it measured."""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+LOSS_CALLS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+              "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"}
+SHAPE_LOSSES = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"}
+SUM_CALLS = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "__sub__", "mul", "__mul__", "__rmul__",
+             "div", "__truediv__", "div_", "__itruediv__", "true_divide"}
+
+
+@dataclass
+class Finding:
+    """One pitfall observed: its registry id, what was measured, and where in the learner's code."""
+
+    pitfall: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    where: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON record: pitfall, message, evidence (with `where` and the command that reproduces it)."""
+        evidence = dict(self.evidence)
+        if self.where:
+            evidence["where"] = self.where
+        evidence["reproduce"] = f"python -m ptlab pitfalls run {self.pitfall}"
+        return {"pitfall": self.pitfall, "message": self.message, "evidence": evidence}
+
+
+def _floats(values: list[torch.Tensor]) -> list[float]:
+    return torch.stack([v.float().cpu() for v in values]).tolist() if values else []
+
+
+def _ratios(values: list[float]) -> str:
+    return ", ".join(f"{v / values[0]:.1f}x" for v in values) if values and values[0] else "-"
+
+
+class Detector:
+    """Base: every callback is optional; `findings()` is called once, when the watch ends."""
+
+    def __init__(self, watch) -> None:
+        self.watch = watch
+
+    def findings(self) -> list[Finding]:
+        return []
+
+
+class ZeroGrad(Detector):
+    """missing-zero-grad(-training): the same .grad tensors carry over from step to step, only added to."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.last: dict[int, tuple[dict, int]] = {}   # id(opt) -> ({id(p): (ref(grad), version)}, backwards)
+        self.streak: list[tuple[int, torch.Tensor]] = []   # (step, grad norm) of steps whose grads were not reset
+        self.best: list[tuple[int, torch.Tensor]] = []
+        self.previous_norm: torch.Tensor | None = None
+        self.where = None
+
+    @staticmethod
+    def _grads(opt) -> dict[int, torch.Tensor]:
+        return {id(p): p.grad for g in opt.param_groups for p in g["params"] if p.requires_grad and p.grad is not None}
+
+    def step_pre(self, opt, step: int) -> None:
+        grads = self._grads(opt)
+        previous = self.last.get(id(opt))
+        if not grads:
+            return
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads.values()))))
+        if previous is None:
+            self.previous_norm = norm
+            return
+        snapshot, backwards = previous
+        new = self.watch.backwards - backwards
+        common = [k for k in grads if k in snapshot]
+        kept = bool(common) and new >= 1 and all(
+            snapshot[k][0]() is grads[k] and 1 <= grads[k]._version - snapshot[k][1] <= new for k in common)
+        if kept and self.previous_norm is not None:
+            if not self.streak:
+                self.streak = [(step - 1, self.previous_norm)]
+                self.where = self.watch.where()
+            self.streak.append((step, norm))
+            if len(self.streak) > len(self.best):
+                self.best = list(self.streak)
+        else:
+            self.streak = []
+        self.previous_norm = norm
+
+    def step_post(self, opt, step: int) -> None:
+        grads = self._grads(opt)
+        self.last[id(opt)] = ({k: (weakref.ref(g), g._version) for k, g in grads.items()}, self.watch.backwards)
+
+    def findings(self) -> list[Finding]:
+        if len(self.best) < 3:
+            return []
+        steps = [s for s, _ in self.best]
+        norms = _floats([n for _, n in self.best])
+        shown = norms[:5]
+        found = [Finding(
+            "missing-zero-grad",
+            f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
+            f"between steps: no zero_grad); the gradient norm went {_ratios(shown)} of step {steps[0]}'s",
+            {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}, self.where)]
+        if len(steps) >= 10:
+            found.append(Finding(
+                "missing-zero-grad-training",
+                f"a training loop ran {len(steps)} optimizer steps (steps {steps[0]}-{steps[-1]}) without resetting "
+                f".grad: every step used the sum of all earlier gradients (norm at the last step "
+                f"{norms[-1] / norms[0]:.1f}x the first)" if norms[0] else
+                f"a training loop ran {len(steps)} optimizer steps without resetting .grad",
+                {"steps without reset": len(steps), "grad norm first, last": [norms[0], norms[-1]]}, self.where))
+        return found
+
+
+class FrozenUpdated(Detector):
+    """frozen-backbone-still-updated: parameters with requires_grad=False still hold a .grad and the step moves them."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.before: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.found: Finding | None = None
+
+    def step_pre(self, opt, step: int) -> None:
+        if self.found is None:
+            self.before = [(p, p.detach().clone()) for g in opt.param_groups for p in g["params"]
+                           if not p.requires_grad and p.grad is not None]
+
+    def step_post(self, opt, step: int) -> None:
+        if self.found is None and self.before:
+            changes = [(p.detach() - b).abs().max() for p, b in self.before]
+            moved = [c for c in _floats(changes) if c > 0]
+            if moved:
+                self.found = Finding(
+                    "frozen-backbone-still-updated",
+                    f"optimizer step {step}: {len(self.before)} parameter tensors with requires_grad=False still "
+                    f"had a .grad (not None), and the step changed {len(moved)} of them (largest change "
+                    f"{max(moved):.3g})", {"step": step, "frozen with a grad": len(self.before),
+                                            "changed": len(moved), "largest change": max(moved)},
+                    self.watch.where())
+            self.before = []
+
+    def findings(self) -> list[Finding]:
+        return [self.found] if self.found else []
+
+
+class LossCalls(Detector):
+    """softmax-before-cross-entropy, broadcast-loss-shape, shuffled-labels, shuffle-off-for-training."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.softmax_out: list[weakref.ref] = []
+        self.found: dict[str, Finding] = {}
+        self.ce: list[torch.Tensor] = []         # training cross-entropy values
+        self.classes = 0
+        self.distinct: list[int] = []
+        self.batch = 0
+        self.where_first: str | None = None
+        self.where_loss: str | None = None
+
+    def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        if name == "softmax":
+            self.softmax_out = [r for r in self.softmax_out[-7:] if r() is not None] + [weakref.ref(result)]
+            return
+        if len(args) < 2 or not isinstance(args[0], torch.Tensor) or not isinstance(args[1], torch.Tensor):
+            return
+        x, target = args[0], args[1]
+        if name == "cross_entropy":
+            self._cross_entropy(x, target, result)
+        elif name in SHAPE_LOSSES and x.shape != target.shape and "broadcast-loss-shape" not in self.found:
+            shape = torch.broadcast_shapes(x.shape, target.shape)
+            if shape != x.shape:
+                self.found["broadcast-loss-shape"] = Finding(
+                    "broadcast-loss-shape",
+                    f"{name} at step {self.watch.step + 1} got input {tuple(x.shape)} and target "
+                    f"{tuple(target.shape)}: they broadcast to {tuple(shape)}, so every prediction is compared "
+                    f"with every target", {"input": list(x.shape), "target": list(target.shape),
+                                           "broadcast to": list(shape)}, self.watch.where())
+
+    def _cross_entropy(self, x: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> None:
+        from_softmax = type(x.grad_fn).__name__ == "SoftmaxBackward0" or any(r() is x for r in self.softmax_out)
+        if from_softmax and "softmax-before-cross-entropy" not in self.found:
+            self.found["softmax-before-cross-entropy"] = Finding(
+                "softmax-before-cross-entropy",
+                f"cross_entropy at step {self.watch.step + 1} got the output of softmax (shape {tuple(x.shape)}) "
+                f"as its input: it applies log_softmax itself and wants raw logits",
+                {"input made by": "softmax", "shape": list(x.shape)}, self.watch.where())
+        training = torch.is_grad_enabled() and loss.requires_grad and self.watch.active
+        if not training or x.ndim != 2 or target.ndim != 1 or target.dtype.is_floating_point:
+            return
+        self.classes = x.shape[1]
+        if not self.ce:
+            self.where_loss = self.watch.where()
+        self.ce.append(loss.detach().clone())
+        if len(self.distinct) < 10 and self.classes >= 3 and len(target) >= 2 * self.classes:
+            self.distinct.append(target.unique().numel())
+            self.batch = len(target)
+            if len(self.distinct) == 1:
+                self.where_first = self.watch.where()
+
+    def findings(self) -> list[Finding]:
+        found = list(self.found.values())
+        if len(self.distinct) >= 5:
+            mean = sum(self.distinct) / len(self.distinct)
+            if mean < 2:
+                found.append(Finding(
+                    "shuffle-off-for-training",
+                    f"the first {len(self.distinct)} training batches of {self.batch} held {mean:.1f} distinct "
+                    f"labels on average, of {self.classes} classes: the data comes class by class (shuffle=False?)",
+                    {"distinct labels per batch": self.distinct, "classes": self.classes}, self.where_first))
+        if len(self.ce) >= 50:
+            values = _floats(self.ce)
+            last = sum(values[-20:]) / 20
+            chance = math.log(self.classes)
+            if last >= 0.95 * chance:
+                found.append(Finding(
+                    "shuffled-labels",
+                    f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
+                    f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs",
+                    {"steps": len(values), "loss, last 20": last, "ln(classes)": chance}, self.where_loss))
+        return found
+
+
+class Graphs(Detector):
+    """running-loss-keeps-graph and eval-without-no-grad: graphs that no backward will ever free."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.tracked: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
+        self.candidates: dict[int, tuple[weakref.ref, int, str | None]] = {}
+        self.eval_outputs: list[weakref.ref] = []
+        self.eval_found: Finding | None = None
+        self.forwards_with_graph = 0
+
+    def _lookup(self, value: Any) -> frozenset[int] | None:
+        if isinstance(value, torch.Tensor) and id(value) in self.tracked:
+            ref, forwards = self.tracked[id(value)]
+            if ref() is value:
+                return forwards
+        return None
+
+    def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        if not isinstance(result, torch.Tensor) or result.grad_fn is None:
+            return
+        if name in LOSS_CALLS:
+            self.tracked[id(result)] = (weakref.ref(result), frozenset([self.watch.forwards]))
+            return
+        sets = [s for s in (self._lookup(a) for a in args[:2]) if s is not None]
+        if not sets:
+            return
+        forwards = frozenset().union(*sets)
+        self.tracked[id(result)] = (weakref.ref(result), forwards)
+        if len(forwards) >= 3 and name in {"add", "add_", "__add__", "__radd__", "__iadd__"}:
+            old = self.candidates.get(id(result))
+            where = old[2] if old else self.watch.where()
+            self.candidates[id(result)] = (weakref.ref(result), len(forwards), where)
+        if len(self.tracked) > 4096:
+            self.tracked = {k: v for k, v in self.tracked.items() if v[0]() is not None}
+
+    def backward(self, tensor: torch.Tensor) -> None:
+        self.candidates.pop(id(tensor), None)
+        self.eval_outputs = []
+
+    def forward(self, module: nn.Module, output: Any, root: bool) -> None:
+        if not root or module.training or not torch.is_grad_enabled() or self.eval_found is not None:
+            return
+        tensor = output if isinstance(output, torch.Tensor) else None
+        if tensor is None or tensor.grad_fn is None:
+            return
+        alive = sum(r() is not None for r in self.eval_outputs)
+        self.eval_outputs.append(weakref.ref(tensor))
+        if alive >= 2:
+            self.eval_found = Finding(
+                "eval-without-no-grad",
+                f"{alive + 1} forward passes of {type(module).__name__} in eval mode ran with gradients enabled and "
+                f"no backward between them; their outputs, still alive, keep every pass's graph and activations "
+                f"(use torch.no_grad() or torch.inference_mode())",
+                {"forwards": alive + 1, "outputs alive with a grad_fn": alive + 1}, self.watch.where())
+
+    def findings(self) -> list[Finding]:
+        found = [self.eval_found] if self.eval_found else []
+        if self.candidates:
+            _, n, where = max(self.candidates.values(), key=lambda c: c[1])
+            found.append(Finding(
+                "running-loss-keeps-graph",
+                f"a tensor summing the losses of {n} forward passes carries a grad_fn and was never "
+                f"backpropagated: it keeps every batch's graph alive (add loss.item() instead)",
+                {"forward passes summed": n}, where))
+        return found
+
+
+class Modes(Detector):
+    """eval-without-eval-mode and frozen-backbone-batchnorm-train-mode: layers running in train mode by mistake."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.found: dict[str, tuple[Finding, nn.Module | None, torch.Tensor | None]] = {}
+
+    def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
+        if not module.training:
+            return
+        is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats \
+            and module.momentum is not None
+        is_dropout = isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0
+        if not (is_bn or is_dropout):
+            return
+        name = self.watch.module_name(module)
+        if not torch.is_grad_enabled() and "eval-without-eval-mode" not in self.found:
+            what = "updates its running statistics from this batch" if is_bn else "drops activations at random"
+            self.found["eval-without-eval-mode"] = (Finding(
+                "eval-without-eval-mode",
+                f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
+                f"{self.watch.step}): it {what}; call model.eval() before evaluating",
+                {"module": name, "type": type(module).__name__, "step": self.watch.step}, self.watch.where(outside_forward=True)),
+                module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
+        elif (is_bn and torch.is_grad_enabled() and module.affine and not module.weight.requires_grad
+              and "frozen-backbone-batchnorm-train-mode" not in self.found):
+            self.found["frozen-backbone-batchnorm-train-mode"] = (Finding(
+                "frozen-backbone-batchnorm-train-mode",
+                f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
+                f"{self.watch.step + 1}: its running statistics keep moving to the new data",
+                {"module": name, "step": self.watch.step + 1}, self.watch.where(outside_forward=True)),
+                module, module.running_mean.detach().clone())
+
+    def findings(self) -> list[Finding]:
+        out = []
+        for finding, module, before in self.found.values():
+            if module is not None:
+                drift = (module.running_mean.detach() - before).abs().max().item()
+                finding.evidence["running_mean moved by (max)"] = drift
+                finding.message += f" (its running_mean has moved by up to {drift:.3g} since)"
+            out.append(finding)
+        return out
+
+
+class NonFinite(Detector):
+    """nan-from-a-poisoned-sample, exploding-gradients-nan, learning-rate-too-high: watch inputs and the loss."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.inputs: list[tuple[torch.Tensor, int, str, str | None]] = []   # (count of non-finite, step, module, where)
+        self.losses: list[torch.Tensor] = []
+        self.loss_where: str | None = None
+        self.check_modules = False
+        self.first_bad_module: str | None = None
+
+    def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
+        if root and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and self.watch.active:
+            if len(self.inputs) < 400:
+                self.inputs.append(((~torch.isfinite(args[0].detach())).sum(), self.watch.step + 1,
+                                    self.watch.module_name(module), None))
+
+    def forward(self, module: nn.Module, output: Any, root: bool) -> None:
+        if self.check_modules and self.first_bad_module is None and isinstance(output, torch.Tensor) \
+                and output.is_floating_point() and not bool(torch.isfinite(output.detach()).all()):
+            self.first_bad_module = f"{self.watch.module_name(module)} ({type(module).__name__})"
+
+    def backward(self, tensor: torch.Tensor) -> None:
+        if tensor.numel() == 1 and self.watch.active:
+            self.losses.append(tensor.detach().reshape(()).clone())
+            if self.loss_where is None:
+                self.loss_where = self.watch.where()
+            if not self.check_modules and len(self.losses) % 10 == 0:
+                self.check_modules = not all(math.isfinite(v) for v in _floats(self.losses[-10:]))
+
+    def step_post(self, opt, step: int) -> None:
+        # on the CPU every step (no cost); on an accelerator every 10th loss, in backward(): one sync per 10 steps
+        if (not self.check_modules and self.losses and self.losses[-1].device.type == "cpu"
+                and not math.isfinite(self.losses[-1].item())):
+            self.check_modules = True
+
+    def findings(self) -> list[Finding]:
+        found = []
+        bad_inputs = [(int(n), step, module) for n, step, module, _ in self.inputs if int(n)]
+        losses = _floats(self.losses)
+        bad_loss = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if bad_inputs:
+            n, step, module = bad_inputs[0]
+            found.append(Finding(
+                "nan-from-a-poisoned-sample",
+                f"the input batch of {module} at step {step} held {n} NaN/inf value(s)"
+                + (f"; the loss was not finite from step {bad_loss + 1}" if bad_loss is not None else ""),
+                {"step": step, "non-finite input values": n, "batches with them": len(bad_inputs),
+                 "first non-finite loss at step": None if bad_loss is None else bad_loss + 1}, self.loss_where))
+        elif bad_loss is not None:
+            finite = [v for v in losses[:bad_loss]]
+            found.append(Finding(
+                "exploding-gradients-nan",
+                f"the loss became {losses[bad_loss]} at step {bad_loss + 1} from finite inputs"
+                + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "")
+                + (f"; the first module with a non-finite output: {self.first_bad_module}"
+                   if self.first_bad_module else ""),
+                {"first non-finite loss at step": bad_loss + 1, "largest finite loss": max(finite) if finite else None,
+                 "first non-finite module": self.first_bad_module}, self.loss_where))
+        elif len(losses) >= 10 and losses[0] > 0:
+            peak = max(losses)
+            last = sum(losses[-5:]) / 5
+            if peak >= 30 * losses[0] and last >= 3 * losses[0]:
+                found.append(Finding(
+                    "learning-rate-too-high",
+                    f"the loss rose from {losses[0]:.3g} (step 1) to {peak:.3g} (step {losses.index(peak) + 1}) "
+                    f"and is still {last:.3g} over the last 5 steps: the steps are far too large",
+                    {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, self.loss_where))
+        return found
+
+
+DETECTORS = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, NonFinite]

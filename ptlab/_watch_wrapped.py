@@ -1,0 +1,106 @@
+"""Private to ptlab.watch: the detectors fed by the wrapped GradScaler, clip_grad_norm_ and DataLoader.__iter__."""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._watch_detectors import Detector, Finding
+
+
+class Amp(Detector):
+    """fp16-without-scaler, clip-without-unscale, scaler-update-forgotten, scaler-update-before-step."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.fp16_forward: tuple[str, int] | None = None
+        self.scaled: dict[int, weakref.ref] = {}
+        self.pending_scaler = None        # a scaler whose scaled gradients were not unscaled yet
+        self.stepped: dict[int, bool] = {}
+        self.found: dict[str, Finding] = {}
+
+    def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
+        if root and self.fp16_forward is None:
+            for device in ("cuda", "cpu"):
+                if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
+                    self.fp16_forward = (self.watch.module_name(module), self.watch.step + 1)
+
+    def scaled_loss(self, scaler, result) -> None:
+        if scaler.is_enabled() and isinstance(result, torch.Tensor):
+            self.scaled[id(result)] = weakref.ref(result)
+
+    def backward(self, tensor: torch.Tensor) -> None:
+        ref = self.scaled.pop(id(tensor), None)
+        scaled = ref is not None and ref() is tensor
+        if scaled:
+            self.pending_scaler = self.watch.last_scaler
+        elif self.fp16_forward is not None and "fp16-without-scaler" not in self.found:
+            module, step = self.fp16_forward
+            self.found["fp16-without-scaler"] = Finding(
+                "fp16-without-scaler",
+                f"backward at step {step} ran on a loss computed under float16 autocast ({module}) that no enabled "
+                f"GradScaler had scaled: gradients below float16's smallest value (6e-8) become 0",
+                {"module": module, "step": step, "autocast dtype": "float16"}, self.watch.where())
+        self.fp16_forward = None
+
+    def clip(self, norm: Any) -> None:
+        if self.pending_scaler is not None and "clip-without-unscale" not in self.found:
+            scale = self.pending_scaler.get_scale()
+            seen = float(norm)
+            self.found["clip-without-unscale"] = Finding(
+                "clip-without-unscale",
+                f"clip_grad_norm_ at step {self.watch.step + 1} clipped gradients still multiplied by the "
+                f"GradScaler's scale ({scale:g}): it saw a norm of {seen:.4g}, the true one is about "
+                f"{seen / scale:.4g}; call scaler.unscale_(optimizer) first",
+                {"norm seen": seen, "scale": scale}, self.watch.where())
+
+    def unscaled(self) -> None:
+        self.pending_scaler = None
+
+    def scaler_step(self, scaler) -> None:
+        self.pending_scaler = None
+        if self.stepped.get(id(scaler)) and "scaler-update-forgotten" not in self.found:
+            self.found["scaler-update-forgotten"] = Finding(
+                "scaler-update-forgotten",
+                f"scaler.step() was called again at step {self.watch.step + 1} with no scaler.update() since the "
+                f"last one", {"step": self.watch.step + 1}, self.watch.where())
+        self.stepped[id(scaler)] = True
+
+    def scaler_update(self, scaler) -> None:
+        if not self.stepped.get(id(scaler)) and scaler.is_enabled() and "scaler-update-before-step" not in self.found:
+            self.found["scaler-update-before-step"] = Finding(
+                "scaler-update-before-step",
+                f"scaler.update() was called with no scaler.step() before it (after step {self.watch.step})",
+                {"step": self.watch.step}, self.watch.where())
+        self.stepped[id(scaler)] = False
+
+    def findings(self) -> list[Finding]:
+        return list(self.found.values())
+
+
+class Samplers(Detector):
+    """ddp-sampler-without-set-epoch: a shuffling DistributedSampler iterated twice with the same epoch."""
+
+    def __init__(self, watch) -> None:
+        super().__init__(watch)
+        self.epochs: dict[int, list[int]] = {}
+        self.found: Finding | None = None
+
+    def loader_iter(self, loader) -> None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
+            seen = self.epochs.setdefault(id(sampler), [])
+            if sampler.epoch in seen:
+                self.found = Finding(
+                    "ddp-sampler-without-set-epoch",
+                    f"a DataLoader with a shuffling DistributedSampler was iterated {len(seen) + 1} times, again "
+                    f"with epoch {sampler.epoch}: every epoch gets the same order (call sampler.set_epoch(epoch))",
+                    {"iterations": len(seen) + 1, "epoch": sampler.epoch}, self.watch.where())
+            seen.append(sampler.epoch)
+
+    def findings(self) -> list[Finding]:
+        return [self.found] if self.found else []
