@@ -184,6 +184,7 @@ def test_label_smoothing_floor_is_the_entropy_of_the_smoothed_target_and_torchs_
     ({"label_smoothing": 0.2, "reduction": "sum"}, "indices"),
     ({"label_smoothing": 0.3, "ignore_index": 1}, "indices"),
     ({"label_smoothing": 0.2}, "probabilities"),
+    ({"label_smoothing": 0.2, "weight": torch.tensor([0.5, 1.0, 2.0])}, "probabilities"),
 ])
 def test_the_floor_of_a_smoothed_cross_entropy_is_its_minimum(kwargs: dict, targets: str) -> None:
     """The floor overfit_one_batch aims at equals what a direct minimisation over the logits reaches."""

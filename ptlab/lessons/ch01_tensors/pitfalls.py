@@ -236,8 +236,8 @@ def normalize_channel_mean_broadcast(buggy: bool) -> Outcome:
     title="reshape() or view() from HWC to CHW keeps the shape right and scrambles the pixels; permute() moves axes",
     symptom="reshaping a 32 x 32 RGB image from (H, W, C) to (C, H, W) leaves all 1,024 of its pixels "
             "with channel values that are not their own",
-    why="""`reshape` and `view` keep the elements in their memory order (row-major) and only cut that sequence
-    into a new shape. An `(H, W, C)` image stores R, G, B of pixel (0, 0), then of pixel (0, 1), and so on;
+    why="""`reshape` and `view` keep the elements in row-major order (the order a contiguous tensor stores
+    them in) and only cut that sequence into a new shape. An `(H, W, C)` image stores R, G, B of pixel (0, 0), then of pixel (0, 1), and so on;
     cut into `(C, H, W)`, "channel 0" is the first third of that sequence: the R, G, B values of the first
     third of the pixels. The shape is right, so nothing downstream complains. `permute(2, 0, 1)` renumbers
     the axes instead (a view with new strides), so element `[c, h, w]` is the old `[h, w, c]`.""",

@@ -364,14 +364,14 @@ def _graph_nodes(t: torch.Tensor) -> int:
     why="""The new state `h = tanh(cell(h) + x)` is computed from the old one, so each step's graph hangs on
     to the previous step's graph through `h`. Step 1's backward frees what step 1 saved; step 2's backward
     walks on into step 1's nodes and finds their saved tensors gone. `retain_graph=True` keeps them, so every
-    backward runs through all earlier steps and every step's saved tensors stay in memory: the work and the
-    memory per step grow with the step number. In a real loop it fails anyway: `opt.step()` changes the
+    backward runs through all earlier steps and every step's saved tensors stay in memory: the work per
+    step and the memory held grow with the step number. In a real loop it fails anyway: `opt.step()` changes the
     weights in place, and a later backward that reaches a graph which saved the old weights refuses. Here
     the first graph to save them is step 2's (step 1's input state is a constant zero that needs no
     gradient), so step 3 raises.""",
     catch="""Detach the carried state at the step boundary (`h = h.detach()`): the value carries over, the
-    graph does not (truncated backpropagation through time; to backpropagate over k steps, detach every k
-    steps). Read `retain_graph=True` in a training loop as a sign of this bug. Cost per step that grows with the
+    graph does not (truncated backpropagation through time; to backpropagate through k steps, call
+    backward and detach every k steps). Read `retain_graph=True` in a training loop as a sign of this bug. Cost per step that grows with the
     step number, or a graph (count the nodes behind `loss.grad_fn`) that grows, points here.""",
 )
 def carried_state_keeps_graph(buggy: bool) -> Outcome:
@@ -405,7 +405,7 @@ def carried_state_keeps_graph(buggy: bool) -> Outcome:
         figures={"backward()": plain, "backward(retain_graph=True) with SGD steps": retained_sgd,
                  "graph nodes behind the loss, steps 1, 2, 3 and 20 (retain_graph, no SGD)":
                      ", ".join(str(nodes[i]) for i in (0, 1, 2, -1))},
-        checks=[Check("backward()", plain, "contains 'backward through the graph a second time'"),
+        checks=[Check("backward()", plain, "contains 'step 2: Trying to backward through the graph a second time'"),
                 Check("backward(retain_graph=True) with SGD steps", retained_sgd,
                       "contains 'modified by an inplace operation'"),
                 Check("retain_graph, no SGD: graph nodes at step 20 / step 1", float(growth), "> 5")],

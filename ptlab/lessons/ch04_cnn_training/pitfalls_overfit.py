@@ -15,12 +15,12 @@ from ptlab.overfit import label_smoothing_floor, overfit_one_batch
     id="label-smoothing-overfit-target", chapter=4,
     title="With label smoothing the loss has a floor near 0.5, and an overfit target of 0.05 can never be met",
     symptom="with label_smoothing=0.1 over 10 classes, an overfit ritual that cannot see the smoothing aims at 0.05, "
-            "below the loss floor (≈0.50), fails, and names too few steps or too small a model as the likely cause",
+            "below the loss floor, fails, and names too few steps or too small a model as the likely cause",
     why="""Label smoothing trains against a softened target: `1 - s + s/K` on the true class and `s/K` on each
     of the others (0.91 and 0.01 for `s = 0.1`, `K = 10`). Cross-entropy against a target distribution is
     lowest when the prediction equals it, and that lowest value is the target's entropy, here
     `-0.91 ln 0.91 - 9 × 0.01 ln 0.01 ≈ 0.5003`; a perfect memoriser of the batch stops there. A ritual that
-    waits for 0.05 fails on a correct model, and its diagnosis can only blame the budget or the model.
+    waits for 0.05 fails on a correct model, and here its diagnosis blames the budget or the model.
     `overfit_one_batch` reads `label_smoothing` from an `nn.CrossEntropyLoss` and aims at the floor plus
     `target_loss`; a functional `F.cross_entropy(..., label_smoothing=...)` inside a lambda hides it.""",
     catch="""Run the ritual with the loss module you train with (`nn.CrossEntropyLoss(label_smoothing=s)`), or
@@ -46,7 +46,8 @@ def label_smoothing_overfit_target(buggy: bool) -> Outcome:
         figures={"loss floor, from the formula": floor, "torch's loss at the smoothed target": torch_floor,
                  "target the ritual aimed at": report.target_loss, "lowest loss reached": min(report.losses),
                  "ritual passed": report.passed, "likely causes it named": causes},
-        checks=[Check("target the ritual aimed at - the loss floor", report.target_loss - floor, "< 0"),
+        checks=[Check("target the ritual aimed at", report.target_loss, "== 0.05"),
+                Check("target the ritual aimed at - the loss floor", report.target_loss - floor, "< 0"),
                 Check("ritual passed", report.passed, "is False"),
                 Check("likely causes it named", causes, "contains 'too few steps'")],
         series={"loss": report.losses},

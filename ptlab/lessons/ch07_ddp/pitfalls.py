@@ -276,5 +276,6 @@ def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
                  "parameters it names by index": ", ".join(f"{i} ({names[int(i)]})" for i in indices) or "none",
                  "rank 1 raised at step": ranks[1]["step"] or "none (3 steps ran)",
                  "the ranks end with identical weights": agree},
-        checks=[Check("rank 0's error", error, "contains 'Expected to have finished reduction in the prior iteration'"),
+        checks=[Check("rank 0's error", error, "contains 'Expected to have finished reduction in the prior iteration "
+                      "before starting a new one'"),
                 Check("the step at which rank 0 raised", ranks[0]["step"], "== 2")])

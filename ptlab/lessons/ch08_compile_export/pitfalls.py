@@ -249,6 +249,6 @@ def compiled_state_dict_prefix(buggy: bool) -> Outcome:
                  "compiled._orig_mod is model": compiled._orig_mod is model, "strict load into the plain model": error},
         checks=[Check("saved keys starting with '_orig_mod.' (of 4)", prefixed, "== 4"),
                 Check("strict load into the plain model: the error lists unexpected keys", error,
-                      "contains 'Unexpected key(s)'"),
+                      "contains 'Unexpected key(s) in state_dict: \"_orig_mod.0.weight\"'"),
                 Check("strict load into the plain model: the error lists missing keys", error,
-                      "contains 'Missing key(s)'")])
+                      "contains 'Missing key(s) in state_dict: \"0.weight\"'")])
