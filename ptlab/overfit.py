@@ -32,6 +32,8 @@ class OverfitReport:
     causes: dict[str, str] = field(default_factory=dict)
     steps: int | None = None  # the step budget it was given
     notes: dict[str, str] = field(default_factory=dict)  # what makes a pass weak evidence (one class)
+    loss_floor: float = 0.0  # the lowest loss the loss function allows; target_loss = loss_floor + the margin
+    floor_reason: str = ""   # where the floor comes from ("" when it is 0)
 
     @property
     def passed(self) -> bool:
@@ -43,13 +45,57 @@ class OverfitReport:
         # Losses are measured figures; so is the step count when the run stopped early (it depends on them).
         n = len(self.losses)
         count = str(n) if n == self.steps else measured(float(n))
+        target = f"{self.target_loss:g}"
+        if self.loss_floor:
+            margin = self.target_loss - self.loss_floor
+            target = (f"{measured(self.target_loss)} = the loss floor {measured(self.loss_floor)} + {margin:.3g}; "
+                      f"floor: {self.floor_reason}")
         head = (f"overfit one batch: loss {measured(first)} -> {measured(last)} in {count} steps "
-                f"({'reached' if self.passed else 'did not reach'} {self.target_loss:g})")
+                f"({'reached' if self.passed else 'did not reach'} {target})")
         notes = [f"note: {name}: {detail}" for name, detail in self.notes.items()]
         if self.passed:
             return "\n".join([head, *notes])
         lines = [head, "likely causes:"] + [f"  {name}: {detail}" for name, detail in self.causes.items()]
         return "\n".join(lines + notes)
+
+
+def label_smoothing_floor(num_classes: int, smoothing: float) -> float:
+    """The lowest CrossEntropyLoss(label_smoothing=smoothing) over num_classes classes, for class-index targets and no class weights."""
+    if not (isinstance(num_classes, int) and num_classes >= 2):
+        raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
+    if not (isinstance(smoothing, (int, float)) and 0 <= smoothing <= 1):
+        raise ValueError(f"smoothing must be a number in [0, 1], got {smoothing!r}")
+    # The smoothed target puts 1 - s + s/K on the true class and s/K on each other one; the loss is the
+    # cross-entropy against it, lowest when the prediction equals it, where it is that target's entropy.
+    true_p, other_p = 1 - smoothing + smoothing / num_classes, smoothing / num_classes
+    floor = -true_p * math.log(true_p) if true_p > 0 else 0.0
+    if other_p > 0:
+        floor -= (num_classes - 1) * other_p * math.log(other_p)
+    return floor
+
+
+def _smoothing_floor(loss_fn: Callable, logits: torch.Tensor, y: torch.Tensor) -> tuple[float, str]:
+    """The floor of an nn.CrossEntropyLoss with label_smoothing > 0 on (B, K) logits, and why; (0.0, "") otherwise.
+
+    Each sample's loss is a weighted cross-entropy sum_k c_k * -log p_k, lowest at p proportional to c; the
+    floor is the loss function itself evaluated at logits log(c), so reduction, class weights and
+    ignore_index are handled by the loss function as it is.
+    """
+    smoothing = getattr(loss_fn, "label_smoothing", 0.0)
+    if not isinstance(loss_fn, nn.CrossEntropyLoss) or smoothing <= 0 or logits.ndim != 2:
+        return 0.0, ""
+    k = logits.shape[1]
+    weight = loss_fn.weight if loss_fn.weight is not None else torch.ones(k, device=logits.device)
+    if (weight <= 0).any():
+        return 0.0, ""
+    if y.is_floating_point():                                  # class probabilities, (B, K)
+        c = weight * ((1 - smoothing) * y + smoothing / k)
+    else:                                                      # class indices, (B,)
+        index = torch.where(y == loss_fn.ignore_index, torch.zeros_like(y), y)
+        c = smoothing * weight / k + (1 - smoothing) * weight[index, None] * nn.functional.one_hot(index, k)
+    with torch.no_grad():
+        floor = float(loss_fn(c.clamp_min(1e-30).log().to(logits.dtype), y))
+    return floor, f"label_smoothing={smoothing:g} over {k} classes"
 
 
 def _check_batch(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
@@ -120,18 +166,23 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
 
 def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable | None = None,
                       steps: int = 100, lr: float = 1e-2, target_loss: float = 0.05,
-                      raise_on_failure: bool = True, device: torch.device | str | None = None) -> OverfitReport:
-    """Train a copy of model with Adam on one fixed batch until the loss <= target_loss; raise OverfitFailed with causes if not.
+                      raise_on_failure: bool = True, device: torch.device | str | None = None,
+                      loss_floor: float | None = None) -> OverfitReport:
+    """Train a copy of model with Adam on one fixed batch until the loss <= loss floor + target_loss; raise OverfitFailed with causes if not.
 
     The batch is checked first: non-finite inputs or labels outside the model's outputs are a
     ValueError (no model can fit them); a batch of one class passes too easily, which the report notes.
-    The model you pass is left unchanged (a deep copy is trained).
+    The model you pass is left unchanged (a deep copy is trained). The loss floor is the lowest loss
+    the loss function allows: 0 unless given as `loss_floor`, or worked out for an nn.CrossEntropyLoss
+    with label_smoothing > 0 (a hand-written or functional loss with smoothing needs `loss_floor`).
     """
     check_model(model)
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if loss_floor is not None and not (isinstance(loss_floor, (int, float)) and math.isfinite(loss_floor)):
+        raise ValueError(f"loss_floor must be a finite number or None, got {loss_floor!r}")
     device = resolve_device(model, device)
     X, y = unpack_batch(batch, device)
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
@@ -142,8 +193,14 @@ def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
     report = OverfitReport(losses, target_loss, steps=steps, notes=notes)
     if params:
         optimizer = torch.optim.Adam(params, lr=lr)
-        for _ in range(steps):
-            loss = loss_fn(copy_(X), y)
+        for step in range(steps):
+            logits = copy_(X)
+            if step == 0:
+                report.loss_floor, report.floor_reason = ((float(loss_floor), "given as loss_floor")
+                                                          if loss_floor is not None else
+                                                          _smoothing_floor(loss_fn, logits.detach(), y))
+                report.target_loss = report.loss_floor + target_loss
+            loss = loss_fn(logits, y)
             losses.append(loss.item())
             if report.passed or not math.isfinite(losses[-1]):
                 break

@@ -1,6 +1,8 @@
 """Chapter 4 tools: fit continuing a history, predictions, confusion matrix, plots, overfit_one_batch, exercises."""
 from __future__ import annotations
 
+import math
+
 import matplotlib
 import pytest
 import torch
@@ -159,3 +161,76 @@ def test_normalize_uint8_gives_about_zero_mean_unit_std_and_rejects_floats() -> 
         normalize_uint8(x)
 
 
+
+
+def test_label_smoothing_floor_is_the_entropy_of_the_smoothed_target_and_torchs_minimum() -> None:
+    from ptlab.overfit import label_smoothing_floor
+
+    floor = label_smoothing_floor(10, 0.1)
+    assert floor == pytest.approx(-(0.91 * math.log(0.91) + 9 * 0.01 * math.log(0.01)))
+    assert 0.50 < floor < 0.501
+    best = torch.tensor([[0.91] + [0.01] * 9]).log()
+    assert nn.functional.cross_entropy(best, torch.tensor([0]), label_smoothing=0.1).item() == pytest.approx(floor, rel=1e-5)
+    assert label_smoothing_floor(10, 0.0) == 0.0 and label_smoothing_floor(4, 1.0) == pytest.approx(math.log(4))
+    with pytest.raises(ValueError, match="smoothing"):
+        label_smoothing_floor(10, 1.5)
+    with pytest.raises(ValueError, match="num_classes"):
+        label_smoothing_floor(1, 0.1)
+
+
+@pytest.mark.parametrize("kwargs, targets", [
+    ({"label_smoothing": 0.2}, "indices"),
+    ({"label_smoothing": 0.2, "weight": torch.tensor([0.5, 1.0, 2.0])}, "indices"),
+    ({"label_smoothing": 0.2, "reduction": "sum"}, "indices"),
+    ({"label_smoothing": 0.3, "ignore_index": 1}, "indices"),
+    ({"label_smoothing": 0.2}, "probabilities"),
+    ({"label_smoothing": 0.2, "weight": torch.tensor([0.5, 1.0, 2.0])}, "probabilities"),
+])
+def test_the_floor_of_a_smoothed_cross_entropy_is_its_minimum(kwargs: dict, targets: str) -> None:
+    """The floor overfit_one_batch aims at equals what a direct minimisation over the logits reaches."""
+    from ptlab.overfit import _smoothing_floor
+
+    X, y = blobs(12)
+    if targets == "probabilities":
+        y = torch.softmax(torch.randn(12, 3, generator=torch.Generator().manual_seed(1)), dim=1)
+    loss_fn = nn.CrossEntropyLoss(**kwargs)
+    floor, reason = _smoothing_floor(loss_fn, torch.zeros(12, 3), y)
+    assert reason == f"label_smoothing={kwargs['label_smoothing']:g} over 3 classes"
+    logits = torch.zeros(12, 3, requires_grad=True)
+    opt = torch.optim.LBFGS([logits], max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = loss_fn(logits, y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert loss_fn(logits, y).item() == pytest.approx(floor, rel=1e-4)
+    assert _smoothing_floor(nn.CrossEntropyLoss(), torch.zeros(12, 3), y) == (0.0, "")
+
+
+def test_overfit_one_batch_aims_at_the_label_smoothing_floor_and_says_so() -> None:
+    from ptlab.overfit import label_smoothing_floor
+
+    X, y = blobs(30)
+
+    def run(**kwargs) -> OverfitReport:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 3))
+        return overfit_one_batch(model, (X, y), steps=150, raise_on_failure=False, **kwargs)
+
+    floor = label_smoothing_floor(3, 0.1)
+    smoothed = run(loss_fn=nn.CrossEntropyLoss(label_smoothing=0.1))
+    assert smoothed.passed and smoothed.loss_floor == pytest.approx(floor, rel=1e-5)
+    assert smoothed.target_loss == pytest.approx(floor + 0.05, rel=1e-5) and min(smoothed.losses) > floor
+    assert "the loss floor" in str(smoothed) and "label_smoothing=0.1 over 3 classes" in str(smoothed)
+    hidden = lambda logits, t: nn.functional.cross_entropy(logits, t, label_smoothing=0.1)  # noqa: E731
+    blind = run(loss_fn=hidden)                      # a functional loss: the floor cannot be read from it
+    assert not blind.passed and blind.loss_floor == 0.0 and "the loss floor" not in str(blind)
+    given = run(loss_fn=hidden, loss_floor=floor)
+    assert given.passed and "given as loss_floor" in str(given)
+    plain = run()
+    assert plain.loss_floor == 0.0 and plain.target_loss == 0.05 and "(reached 0.05)" in str(plain)
+    with pytest.raises(ValueError, match="loss_floor"):
+        run(loss_floor=float("nan"))

@@ -229,3 +229,34 @@ def normalize_channel_mean_broadcast(buggy: bool) -> Outcome:
         checks=[Check("max |channel mean| after normalising 3 x 3 images", worst, "> 1"),
                 Check("normalising 32 x 32 images raised", large_result, "contains 'must match the size'")],
     )
+
+
+@pitfall(
+    id="reshape-to-reorder-axes", chapter=1,
+    title="reshape() or view() from HWC to CHW keeps the shape right and scrambles the pixels; permute() moves axes",
+    symptom="reshaping a 32 x 32 RGB image from (H, W, C) to (C, H, W) leaves all 1,024 of its pixels "
+            "with channel values that are not their own",
+    why="""`reshape` and `view` keep the elements in row-major order (the order a contiguous tensor stores
+    them in) and only cut that sequence into a new shape. An `(H, W, C)` image stores R, G, B of pixel (0, 0), then of pixel (0, 1), and so on;
+    cut into `(C, H, W)`, "channel 0" is the first third of that sequence: the R, G, B values of the first
+    third of the pixels. The shape is right, so nothing downstream complains. `permute(2, 0, 1)` renumbers
+    the axes instead (a view with new strides), so element `[c, h, w]` is the old `[h, w, c]`.""",
+    catch="""To move an axis, use `permute` (or `movedim`); use `reshape`/`view` only to split or merge
+    neighbouring axes. After a layout change, check a pixel other than the first: `chw[:, h, w]` must equal
+    `hwc[h, w, :]` (at `h = w = 0` channel 0 agrees even after the wrong reshape).""",
+)
+def reshape_to_reorder_axes(buggy: bool) -> Outcome:
+    g = torch.Generator().manual_seed(0)
+    hwc = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=g)  # (H, W, C), as PIL/NumPy store it
+    if buggy:
+        chw = hwc.reshape(3, 32, 32)                      # BUG: same memory order, cut into a new shape
+    else:
+        chw = hwc.permute(2, 0, 1)                        # FIX: axes renumbered: chw[c, h, w] == hwc[h, w, c]
+    same_as_view = torch.equal(hwc.reshape(3, 32, 32), hwc.view(3, 32, 32))  # view() does the same as reshape()
+    wrong = int((chw.permute(1, 2, 0) != hwc).any(dim=2).sum())  # pixels whose (R, G, B) is not their own
+    return Outcome(
+        figures={"result shape": str(tuple(chw.shape)), "pixels with wrong channel values, of 1,024": wrong,
+                 "equals hwc.permute(2, 0, 1)": torch.equal(chw, hwc.permute(2, 0, 1)),
+                 "hwc.view(3, 32, 32) equals hwc.reshape(3, 32, 32)": same_as_view},
+        checks=[Check("pixels with wrong channel values, of 1,024", wrong, "== 1024")],
+    )

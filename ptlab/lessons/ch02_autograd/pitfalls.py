@@ -342,3 +342,72 @@ def inplace_through_data(buggy: bool) -> Outcome:
     return Outcome(figures={"backward()": "ran, no error", "s._version after the edit": s._version,
                             "max |z.grad - true derivative|": error},
                    checks=[Check("max |z.grad - true derivative|", error, "> 0.01")])
+
+
+def _graph_nodes(t: torch.Tensor) -> int:
+    """How many autograd nodes a backward from t walks through: the size of the graph behind t."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(parent for parent, _ in node.next_functions)
+    return len(seen)
+
+
+@pitfall(
+    id="carried-state-keeps-graph", chapter=2,
+    title="A hidden state carried across steps without detach() fails the second backward; retain_graph=True is no fix",
+    symptom="a recurrent cell trained step by step raises 'Trying to backward through the graph a second time' at "
+            "step 2; with retain_graph=True and SGD steps it raises the in-place error instead, and without SGD "
+            "steps the graph behind the loss is over 5x larger at step 20 than at step 1",
+    why="""The new state `h = tanh(cell(h) + x)` is computed from the old one, so each step's graph hangs on
+    to the previous step's graph through `h`. Step 1's backward frees what step 1 saved; step 2's backward
+    walks on into step 1's nodes and finds their saved tensors gone. `retain_graph=True` keeps them, so every
+    backward runs through all earlier steps and every step's saved tensors stay in memory: the work per
+    step and the memory held grow with the step number. In a real loop it fails anyway: `opt.step()` changes the
+    weights in place, and a later backward that reaches a graph which saved the old weights refuses. Here
+    the first graph to save them is step 2's (step 1's input state is a constant zero that needs no
+    gradient), so step 3 raises.""",
+    catch="""Detach the carried state at the step boundary (`h = h.detach()`): the value carries over, the
+    graph does not (truncated backpropagation through time; to backpropagate through k steps, call
+    backward and detach every k steps). Read `retain_graph=True` in a training loop as a sign of this bug. Cost per step that grows with the
+    step number, or a graph (count the nodes behind `loss.grad_fn`) that grows, points here.""",
+)
+def carried_state_keeps_graph(buggy: bool) -> Outcome:
+    xs = torch.randn(20, 4, 8, generator=torch.Generator().manual_seed(0))  # 20 steps of (B, 8) inputs
+
+    def train(retain_graph: bool, sgd: bool) -> tuple[str, list[int]]:
+        torch.manual_seed(0)
+        cell = nn.Linear(8, 8)                              # a recurrent cell: h = tanh(W h + b + x)
+        opt = torch.optim.SGD(cell.parameters(), lr=0.01)
+        h, nodes = torch.zeros(4, 8), []                    # (B, 8) hidden state
+        try:
+            for step, x in enumerate(xs, start=1):
+                h = torch.tanh(cell(h) + x)                 # BUG: without a detach, h links to every earlier step
+                loss = h.pow(2).mean()
+                opt.zero_grad()
+                loss.backward(retain_graph=retain_graph)
+                if sgd:
+                    opt.step()
+                nodes.append(_graph_nodes(loss))
+                if not buggy:
+                    h = h.detach()                          # FIX: the value carries over, the graph does not
+        except RuntimeError as err:
+            return f"step {step}: " + str(err).split(" (")[0].split(":")[0].split("has been ")[-1], nodes
+        return f"{len(xs)} steps ran", nodes
+
+    plain, _ = train(retain_graph=False, sgd=True)
+    retained_sgd, _ = train(retain_graph=True, sgd=True)
+    retained, nodes = train(retain_graph=True, sgd=False)   # gradients only, weights never change
+    growth = nodes[-1] / nodes[0]
+    return Outcome(
+        figures={"backward()": plain, "backward(retain_graph=True) with SGD steps": retained_sgd,
+                 "graph nodes behind the loss, steps 1, 2, 3 and 20 (retain_graph, no SGD)":
+                     ", ".join(str(nodes[i]) for i in (0, 1, 2, -1))},
+        checks=[Check("backward()", plain, "contains 'step 2: Trying to backward through the graph a second time'"),
+                Check("backward(retain_graph=True) with SGD steps", retained_sgd,
+                      "contains 'modified by an inplace operation'"),
+                Check("retain_graph, no SGD: graph nodes at step 20 / step 1", float(growth), "> 5")],
+        series={"graph nodes behind the loss (retain_graph, no SGD)": [float(n) for n in nodes]},
+    )

@@ -216,3 +216,66 @@ def forward_on_one_rank(buggy: bool, in_rank: bool = False):
                  "seconds until it ended": run.seconds},
         checks=[Check("a rank failed", bool(run.errors), "is True"),
                 Check("a rank ended with gloo's timeout error", timed_out, "is True")])
+
+
+class WithAuxHead(nn.Module):
+    """An MLP with a second head, `aux`, that forward never calls (left over from an experiment, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _mlp()                                 # (B, 8) -> (B, 3), the same weights on every rank
+        self.aux = nn.Linear(3, 1)                         # a parameter no forward uses
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pitfall(
+    id="ddp-unused-parameter", chapter=7,
+    title="A parameter that forward never uses makes DDP's second iteration raise",
+    symptom="with a layer forward never calls, the forward of step 2 raises RuntimeError: Expected to have "
+            "finished reduction in the prior iteration before starting a new one",
+    why="""DDP all-reduces gradients in buckets, and a bucket is reduced once every parameter in it has
+    received its gradient in backward. A parameter that took no part in the forward never receives one,
+    so its bucket is never reduced and the iteration never finishes. Backward itself returns without
+    an error; the next forward checks that the previous reduction finished, and raises. The message
+    gives the indices (in `model.parameters()` order) of the parameters that got no gradient, and their
+    names when the environment variable TORCH_DISTRIBUTED_DEBUG is INFO. `find_unused_parameters=True` makes DDP walk the autograd graph after each forward and
+    mark the parameters it does not reach as ready, at the cost of that walk every step.""",
+    catch="""Remove the parameters forward does not use (or freeze them with requires_grad_(False) before
+    wrapping), and use find_unused_parameters=True only when the unused set changes from step to step
+    (branches, mixture-of-experts). Run two steps of every new model under DDP before a long job: the
+    error only shows at the second.""",
+)
+def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
+    if in_rank:                                            # what each of the 2 ranks runs
+        if buggy:
+            model = DDP(WithAuxHead())                     # BUG: DDP waits for a gradient of aux every step
+        else:
+            model = DDP(WithAuxHead(), find_unused_parameters=True)  # FIX: marks aux ready after each forward
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step, (X, y) in enumerate(_batches(3), start=1):
+            try:
+                loss = nn.functional.cross_entropy(model(X), y)
+            except RuntimeError as err:
+                return {"step": step, "error": str(err)}
+            optimizer.zero_grad()
+            loss.backward()                                # gradients averaged over the ranks
+            optimizer.step()
+        return {"step": 0, "error": "none", "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
+    # The harness: 2 ranks run the code above; how far did they get, and do their weights agree?
+    ranks = _checked(run_ranks(ddp_unused_parameter, 2, buggy=buggy, in_rank=True), "unused parameter")
+    error = ranks[0]["error"].split(".")[0]                # the message's first sentence
+    named = ranks[0]["error"].partition("did not receive grad for rank 0: ")[2]   # 'Parameter indices which ...'
+    indices = named.splitlines()[0].split() if named else []
+    names = dict(enumerate(name for name, _ in WithAuxHead().named_parameters()))
+    agree = (torch.equal(ranks[0]["weights"], ranks[1]["weights"]) if "weights" in ranks[0]
+             else "no: training stopped at the error")
+    return Outcome(
+        figures={"rank 0 raised at step": ranks[0]["step"] or "none (3 steps ran)", "rank 0's error": error,
+                 "parameters it names by index": ", ".join(f"{i} ({names[int(i)]})" for i in indices) or "none",
+                 "rank 1 raised at step": ranks[1]["step"] or "none (3 steps ran)",
+                 "the ranks end with identical weights": agree},
+        checks=[Check("rank 0's error", error, "contains 'Expected to have finished reduction in the prior iteration "
+                      "before starting a new one'"),
+                Check("the step at which rank 0 raised", ranks[0]["step"], "== 2")])

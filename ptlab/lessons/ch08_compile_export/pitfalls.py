@@ -203,3 +203,52 @@ def recompile_every_batch_size(buggy: bool) -> Outcome:
         checks=[Check("graphs compiled for 6 batch sizes", counted.graphs, "== 6"),
                 Check("recompiles", counted.recompiles, "== 5")],
     )
+
+
+def _plain_classifier() -> nn.Sequential:
+    """(B, 8) -> (B, 2): the model as an evaluation script builds it."""
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+
+@pitfall(
+    id="compiled-state-dict-prefix", chapter=8,
+    title="A compiled model's state_dict() prefixes every key with '_orig_mod.': the plain model refuses it",
+    symptom="all 4 keys saved from torch.compile(model) start with '_orig_mod.', and a strict load into the plain "
+            "model raises RuntimeError listing them as unexpected and the model's own keys as missing",
+    why="""`torch.compile(model)` returns an `OptimizedModule`, a module that holds yours as its submodule
+    `_orig_mod`. Like any parent module, its state_dict() names each entry by the path to it, so `0.weight`
+    becomes `_orig_mod.0.weight`. That happens at wrapping: the model here is never called, so nothing is
+    compiled, and the keys are prefixed all the same. The tensors are your model's own; only the names
+    differ, which is enough for a strict `load_state_dict` on a plain model to refuse the file, and for
+    `strict=False` to load none of it.""",
+    catch="""Save the model you compiled, not the wrapper: `model.state_dict()` (keep a reference to it) or
+    `compiled._orig_mod.state_dict()`. For files already saved,
+    `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "_orig_mod.")` strips the prefix.
+    Keep `strict=True`, so a mismatch raises instead of loading nothing.""",
+)
+def compiled_state_dict_prefix(buggy: bool) -> Outcome:
+    torch.manual_seed(0)
+    model = _plain_classifier()
+    compiled = torch.compile(model)                       # a wrapper; nothing compiles until it is called
+    if buggy:
+        state = compiled.state_dict()                     # BUG: the wrapper's keys: '_orig_mod.0.weight', ...
+    else:
+        state = compiled._orig_mod.state_dict()           # FIX: the model's own keys (model.state_dict() too)
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(state, Path(folder, "model.pt"))
+        saved = torch.load(Path(folder, "model.pt"), weights_only=True)
+    try:
+        _plain_classifier().load_state_dict(saved)        # strict=True, the default
+        error = "none"
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines()]
+        error = " ".join(line.split(",")[0] + ", ..." for line in lines if line.startswith(("Missing", "Unexpected")))
+    prefixed = sum(key.startswith("_orig_mod.") for key in saved)
+    return Outcome(
+        figures={"first saved key": next(iter(saved)), "the wrapper's type": type(compiled).__name__,
+                 "compiled._orig_mod is model": compiled._orig_mod is model, "strict load into the plain model": error},
+        checks=[Check("saved keys starting with '_orig_mod.' (of 4)", prefixed, "== 4"),
+                Check("strict load into the plain model: the error lists unexpected keys", error,
+                      "contains 'Unexpected key(s) in state_dict: \"_orig_mod.0.weight\"'"),
+                Check("strict load into the plain model: the error lists missing keys", error,
+                      "contains 'Missing key(s) in state_dict: \"0.weight\"'")])
