@@ -14,12 +14,21 @@ def _load_topics() -> None:
 
 
 def all_pitfalls(chapter: int | None = None) -> list[Pitfall]:
-    """Every pitfall of the course (or of one chapter), ordered by chapter then registration."""
+    """Every pitfall of the course (or of one chapter), ordered by chapter, then lesson module, then source line.
+
+    The order depends on the source alone, not on which module a session happened to import first.
+    """
     _load_topics()
     records = list(registered().values())
     if chapter is not None:
         records = [p for p in records if p.chapter == chapter]
-    return sorted(records, key=lambda p: p.chapter)
+    return sorted(records, key=_source_order)
+
+
+def _source_order(record: Pitfall) -> tuple[int, str, int]:
+    code = getattr(record.reproduce, "__code__", None)
+    return (record.chapter, getattr(record.reproduce, "__module__", "") or "",
+            code.co_firstlineno if code is not None else 0)
 
 
 def get_pitfall(pitfall_id: str) -> Pitfall:
