@@ -174,7 +174,8 @@ def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
     ValueError (no model can fit them); a batch of one class passes too easily, which the report notes.
     The model you pass is left unchanged (a deep copy is trained). The loss floor is the lowest loss
     the loss function allows: 0 unless given as `loss_floor`, or worked out for an nn.CrossEntropyLoss
-    with label_smoothing > 0 (a hand-written or functional loss with smoothing needs `loss_floor`).
+    with label_smoothing > 0 on (B, K) logits (other logit shapes, and a hand-written or functional loss with
+    smoothing, need `loss_floor`).
     """
     check_model(model)
     if not isinstance(steps, int) or steps < 1:

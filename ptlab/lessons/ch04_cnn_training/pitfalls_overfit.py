@@ -13,7 +13,8 @@ from ptlab.overfit import label_smoothing_floor, overfit_one_batch
 
 @pitfall(
     id="label-smoothing-overfit-target", chapter=4,
-    title="With label smoothing the loss has a floor near 0.5, and an overfit target of 0.05 can never be met",
+    title="Label smoothing puts a floor under the loss (about 0.50 for 0.1 over 10 classes): an overfit target of 0.05 "
+          "can fail on a correct model",
     symptom="with label_smoothing=0.1 over 10 classes, an overfit ritual that cannot see the smoothing aims at 0.05, "
             "below the loss floor, fails, and names too few steps or too small a model as the likely cause",
     why="""Label smoothing trains against a softened target: `1 - s + s/K` on the true class and `s/K` on each

@@ -214,7 +214,8 @@ def _plain_classifier() -> nn.Sequential:
     id="compiled-state-dict-prefix", chapter=8,
     title="A compiled model's state_dict() prefixes every key with '_orig_mod.': the plain model refuses it",
     symptom="all 4 keys saved from torch.compile(model) start with '_orig_mod.', and a strict load into the plain "
-            "model raises RuntimeError listing them as unexpected and the model's own keys as missing",
+            "model raises RuntimeError whose message names '_orig_mod.0.weight' as unexpected and '0.weight' as "
+            "missing",
     why="""`torch.compile(model)` returns an `OptimizedModule`, a module that holds yours as its submodule
     `_orig_mod`. Like any parent module, its state_dict() names each entry by the path to it, so `0.weight`
     becomes `_orig_mod.0.weight`. That happens at wrapping: the model here is never called, so nothing is
