@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,7 +113,8 @@ class ZeroGrad(Detector):
                 "missing-zero-grad-training",
                 f"a training loop ran {len(steps)} optimizer steps (steps {steps[0]}-{steps[-1]}) without resetting "
                 f".grad: every step used the sum of all earlier gradients (norm at the last step "
-                f"{norms[-1] / norms[0]:.1f}x the first)" if norms[0] else
+                f"{norms[-1] / norms[0]:.1f}x the first)" if norms[0] and math.isfinite(norms[0])
+                and math.isfinite(norms[-1]) else
                 f"a training loop ran {len(steps)} optimizer steps without resetting .grad",
                 {"steps without reset": len(steps), "grad norm first, last": [norms[0], norms[-1]]}, self.where))
         return found
@@ -221,7 +223,8 @@ class LossCalls(Detector):
                 found.append(Finding(
                     "shuffled-labels",
                     f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
-                    f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs",
+                    f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs, or "
+                    f"the model has not started learning yet (a warm-up, a learning rate too small)",
                     {"steps": len(values), "loss, last 20": last, "ln(classes)": chance}, self.where_loss))
         return found
 
@@ -232,7 +235,7 @@ class Graphs(Detector):
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.tracked: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
-        self.candidates: dict[int, tuple[weakref.ref, int, str | None]] = {}
+        self.candidates: dict[int, tuple[weakref.ref, frozenset[int], str | None]] = {}
         self.eval_outputs: list[weakref.ref] = []
         self.eval_found: Finding | None = None
         self.forwards_with_graph = 0
@@ -258,12 +261,17 @@ class Graphs(Detector):
         if len(forwards) >= 3 and name in {"add", "add_", "__add__", "__radd__", "__iadd__"}:
             old = self.candidates.get(id(result))
             where = old[2] if old else self.watch.where()
-            self.candidates[id(result)] = (weakref.ref(result), len(forwards), where)
+            self.candidates[id(result)] = (weakref.ref(result), forwards, where)
         if len(self.tracked) > 4096:
             self.tracked = {k: v for k, v in self.tracked.items() if v[0]() is not None}
 
     def backward(self, tensor: torch.Tensor) -> None:
         self.candidates.pop(id(tensor), None)
+        # A sum of losses that this backward goes through (gradient accumulation, an unrolled sequence, a mean
+        # taken afterwards) had its graphs freed: it is not a running total.
+        covered = self._lookup(tensor)
+        if covered:
+            self.candidates = {k: c for k, c in self.candidates.items() if not c[1] <= covered}
         self.eval_outputs = []
 
     def forward(self, module: nn.Module, output: Any, root: bool) -> None:
@@ -285,13 +293,24 @@ class Graphs(Detector):
     def findings(self) -> list[Finding]:
         found = [self.eval_found] if self.eval_found else []
         if self.candidates:
-            _, n, where = max(self.candidates.values(), key=lambda c: c[1])
+            _, forwards, where = max(self.candidates.values(), key=lambda c: len(c[1]))
+            n = len(forwards)
             found.append(Finding(
                 "running-loss-keeps-graph",
                 f"a tensor summing the losses of {n} forward passes carries a grad_fn and was never "
                 f"backpropagated: it keeps every batch's graph alive (add loss.item() instead)",
                 {"forward passes summed": n}, where))
         return found
+
+
+def _inside_checkpoint() -> bool:
+    """Whether the current call runs inside torch.utils.checkpoint (looked up only when a finding is about to be made)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Modes(Detector):
@@ -310,16 +329,18 @@ class Modes(Detector):
         if not (is_bn or is_dropout):
             return
         name = self.watch.module_name(module)
-        if not torch.is_grad_enabled() and "eval-without-eval-mode" not in self.found:
+        frozen_bn = is_bn and module.affine and not module.weight.requires_grad
+        if not torch.is_grad_enabled() and "eval-without-eval-mode" not in self.found and _inside_checkpoint():
+            return      # reentrant checkpointing runs the forward under no_grad: training, not evaluation
+        if not torch.is_grad_enabled() and not frozen_bn and "eval-without-eval-mode" not in self.found:
             what = "updates its running statistics from this batch" if is_bn else "drops activations at random"
             self.found["eval-without-eval-mode"] = (Finding(
                 "eval-without-eval-mode",
                 f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
-                f"{self.watch.step}): it {what}; call model.eval() before evaluating",
+                f"{self.watch.step}): it {what}; if this pass evaluates the model, call model.eval() first",
                 {"module": name, "type": type(module).__name__, "step": self.watch.step}, self.watch.where(outside_forward=True)),
                 module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
-        elif (is_bn and torch.is_grad_enabled() and module.affine and not module.weight.requires_grad
-              and "frozen-backbone-batchnorm-train-mode" not in self.found):
+        elif frozen_bn and "frozen-backbone-batchnorm-train-mode" not in self.found:
             self.found["frozen-backbone-batchnorm-train-mode"] = (Finding(
                 "frozen-backbone-batchnorm-train-mode",
                 f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
@@ -384,17 +405,20 @@ class NonFinite(Detector):
             found.append(Finding(
                 "nan-from-a-poisoned-sample",
                 f"the input batch of {module} at step {step} held {n} NaN/inf value(s)"
-                + (f"; the loss was not finite from step {bad_loss + 1}" if bad_loss is not None else ""),
+                + (f"; the loss was not finite from backward number {bad_loss + 1} on" if bad_loss is not None
+                   else ""),
                 {"step": step, "non-finite input values": n, "batches with them": len(bad_inputs),
                  "first non-finite loss at step": None if bad_loss is None else bad_loss + 1}, self.loss_where))
         elif bad_loss is not None:
             finite = [v for v in losses[:bad_loss]]
             found.append(Finding(
                 "exploding-gradients-nan",
-                f"the loss became {losses[bad_loss]} at step {bad_loss + 1} from finite inputs"
+                f"the loss became {losses[bad_loss]} at backward number {bad_loss + 1}, from finite inputs"
                 + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "")
-                + (f"; the first module with a non-finite output: {self.first_bad_module}"
-                   if self.first_bad_module else ""),
+                + (f"; after that, the first module with a non-finite output was {self.first_bad_module}"
+                   if self.first_bad_module else
+                   "; no module's output was non-finite: the loss computation itself made it (a log of 0? "
+                   "a division by 0?)" if self.check_modules else ""),
                 {"first non-finite loss at step": bad_loss + 1, "largest finite loss": max(finite) if finite else None,
                  "first non-finite module": self.first_bad_module}, self.loss_where))
         elif len(losses) >= 10 and losses[0] > 0:

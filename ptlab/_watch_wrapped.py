@@ -18,14 +18,17 @@ class Amp(Detector):
         self.fp16_forward: tuple[str, int] | None = None
         self.scaled: dict[int, weakref.ref] = {}
         self.pending_scaler = None        # a scaler whose scaled gradients were not unscaled yet
-        self.stepped: dict[int, bool] = {}
+        self.stepped: dict[tuple[int, int], bool] = {}   # (scaler, optimizer): stepped since the last update
         self.found: dict[str, Finding] = {}
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
-        if root and self.fp16_forward is None:
+        if root and self.fp16_forward is None and torch.is_grad_enabled():   # an evaluation pass trains nothing
             for device in ("cuda", "cpu"):
                 if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
                     self.fp16_forward = (self.watch.module_name(module), self.watch.step + 1)
+
+    def step_post(self, opt, step: int) -> None:
+        self.fp16_forward = None          # what an earlier forward did is no longer this step's business
 
     def scaled_loss(self, scaler, result) -> None:
         if scaler.is_enabled() and isinstance(result, torch.Tensor):
@@ -59,22 +62,26 @@ class Amp(Detector):
     def unscaled(self) -> None:
         self.pending_scaler = None
 
-    def scaler_step(self, scaler) -> None:
+    def scaler_step(self, scaler, optimizer=None) -> None:
         self.pending_scaler = None
-        if self.stepped.get(id(scaler)) and "scaler-update-forgotten" not in self.found:
+        key = (id(scaler), id(optimizer))        # one scaler may step several optimizers before one update()
+        if self.stepped.get(key) and "scaler-update-forgotten" not in self.found:
             self.found["scaler-update-forgotten"] = Finding(
                 "scaler-update-forgotten",
                 f"scaler.step() was called again at step {self.watch.step + 1} with no scaler.update() since the "
-                f"last one", {"step": self.watch.step + 1}, self.watch.where())
-        self.stepped[id(scaler)] = True
+                f"last one on the same optimizer", {"step": self.watch.step + 1}, self.watch.where())
+        self.stepped[key] = True
 
     def scaler_update(self, scaler) -> None:
-        if not self.stepped.get(id(scaler)) and scaler.is_enabled() and "scaler-update-before-step" not in self.found:
+        stepped = any(v for (s, _), v in self.stepped.items() if s == id(scaler))
+        if not stepped and scaler.is_enabled() and "scaler-update-before-step" not in self.found:
             self.found["scaler-update-before-step"] = Finding(
                 "scaler-update-before-step",
                 f"scaler.update() was called with no scaler.step() before it (after step {self.watch.step})",
                 {"step": self.watch.step}, self.watch.where())
-        self.stepped[id(scaler)] = False
+        for key in self.stepped:
+            if key[0] == id(scaler):
+                self.stepped[key] = False
 
     def findings(self) -> list[Finding]:
         return list(self.found.values())
@@ -94,7 +101,7 @@ class Samplers(Detector):
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
             seen = self.epochs.setdefault(id(sampler), [])
-            if sampler.epoch in seen:
+            if seen.count(sampler.epoch) >= 2:     # a third pass with one epoch: a peek plus one epoch is only 2
                 self.found = Finding(
                     "ddp-sampler-without-set-epoch",
                     f"a DataLoader with a shuffling DistributedSampler was iterated {len(seen) + 1} times, again "

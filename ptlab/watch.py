@@ -1,4 +1,4 @@
-"""Watch a training run, unchanged, and name the course's pitfalls it commits, with what was measured and where.
+"""Watch a training run, unchanged, and name the course's pitfalls whose signs it saw, with what was measured and where.
 
     with ptlab.watch.watch(steps=200) as report:
         train()                       # your own loop
@@ -9,7 +9,9 @@ or, from a shell: `python -m ptlab watch train.py --lr 0.1 --steps 200 --json fi
 The watch installs global instrumentation for the duration of the block: module forward (pre-)hooks, optimizer
 step pre/post hooks, a TorchFunctionMode that sees calls such as F.cross_entropy, and thin wrappers around
 GradScaler, clip_grad_norm_ and DataLoader.__iter__. It only observes: it draws no random numbers, edits no
-tensor in place, and removes every hook and wrapper when the block ends.
+tensor in place, and removes every hook and wrapper when the block ends. (While it is on, nn.Transformer layers
+in eval mode leave their fused fast path, which global hooks disable, so their outputs can differ in the last
+bits.) A finding is a lead to check with its `pitfalls run` demo, not a verdict: correct code can show a sign.
 """
 from __future__ import annotations
 
@@ -287,7 +289,7 @@ class _Watcher:
         scaler_cls = torch.amp.GradScaler
         self._patch(scaler_cls, "scale", scale)
         self._patch(scaler_cls, "unscale_", lambda o: around(o, lambda *a: amp.unscaled()))
-        self._patch(scaler_cls, "step", lambda o: around(o, lambda s, *a: amp.scaler_step(s)))
+        self._patch(scaler_cls, "step", lambda o: around(o, lambda s, *a: amp.scaler_step(s, a[0] if a else None)))
         self._patch(scaler_cls, "update", lambda o: around(o, lambda s, *a: amp.scaler_update(s)))
         self._patch(torch.nn.utils, "clip_grad_norm_", clip)
         self._patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip)

@@ -384,3 +384,21 @@ def test_the_catalogue_marks_exactly_the_detected_pitfalls():
     assert rows[0].split("|")[4].strip() == "Watch"
     marked = {row.rsplit("|", 2)[-2].strip().split()[-1].rstrip("`") for row in rows[2:] if row.split("|")[4].strip() == "✔"}
     assert marked == set(DETECTS)
+
+
+# Correct code that an independent review found reported as a pitfall, each case now a test that must stay quiet:
+# a summed micro-batch loss with one backward, a recurrent cell unrolled in time, one GradScaler stepping two
+# optimizers, a float16-autocast validation pass in fp32 training, a peek at one batch of a DistributedSampler
+# before a loop that calls set_epoch, and reentrant activation checkpointing over a BatchNorm.
+CASES = Path(__file__).with_name("watch_cases")
+
+
+@pytest.mark.parametrize("script, args", [("c1_accum_sum.py", []), ("c3_seq.py", []), ("c4_two_opt_scaler.py", []),
+                                          ("c5_fp16_eval.py", []), ("c6_ddp_peek.py", []),
+                                          ("c9_ckpt.py", ["reentrant"]), ("c9_ckpt.py", ["plain"])])
+def test_correct_code_a_review_found_flagged_now_gives_no_finding(script, args, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(CASES))
+    status = cli(["watch", str(CASES / script), *args])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "no pitfall found" in out

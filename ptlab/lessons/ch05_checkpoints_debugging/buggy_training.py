@@ -18,10 +18,10 @@ from ptlab.models import SmallCNN
 
 
 def main(argv: list[str] | None = None) -> float:
-    """Train for --steps batches, evaluate on the test split; returns the test accuracy."""
+    """Train for --batches batches, evaluate on the test split; returns the test accuracy."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30, help="training batches")
+    parser.add_argument("--batches", type=int, default=30, help="training batches (the watch's own option is --steps)")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--batch-size", type=int, default=64, help="training batch size")
     args = parser.parse_args(argv)
@@ -34,14 +34,14 @@ def main(argv: list[str] | None = None) -> float:
 
     model.train()
     running_loss = 0.0
-    for step, (X, y) in zip(range(args.steps), train_loader):
+    for step, (X, y) in zip(range(args.batches), train_loader):
         logits = model(normalize_uint8(X))                                  # (B, 10)
         loss = F.cross_entropy(logits.softmax(dim=1), y)                    # BUG: softmax before cross_entropy
         opt.zero_grad()
         loss.backward()
         opt.step()
         running_loss += loss                                                # BUG: a tensor, keeps every graph
-    print(f"mean training loss: {running_loss.item() / args.steps:.3f}")
+    print(f"mean training loss: {running_loss.item() / args.batches:.3f}")
 
     test_images, test_labels = uint8_split(train=False)
     correct = 0
