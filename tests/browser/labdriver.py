@@ -494,7 +494,8 @@ def check_notebook(browser, lab: Lab, notebook: str, nb_path: Path, shots: Path 
         report.problems += cell_problems(cells, status)
         widgets = page.locator(".jp-NotebookPanel .ptlab-pitfall")
         report.widgets = widgets.count()
-        ids = [pid for cell in cells for pid in SHOW_PITFALL.findall(cell["source"])]
+        # Code cells only: prose may quote the call (chapter 5's clinic does).
+        ids = [pid for cell in cells if cell["type"] == "code" for pid in SHOW_PITFALL.findall(cell["source"])]
         if report.widgets and len(ids) == report.widgets:
             index = ids.index(DOCS_PITFALL) if DOCS_PITFALL in ids else 0
             report.driven = ids[index]
