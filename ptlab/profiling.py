@@ -161,7 +161,8 @@ def _report(prof, ranges: Iterable[str], row_limit: int, trace: str | Path | Non
 
 @contextlib.contextmanager
 def _native_stderr_without(message: str) -> Iterator[None]:
-    """Hold what is written to file descriptor 2 during the block; pass it on afterwards, less lines with `message`."""
+    """Hold what is written to file descriptor 2 during the block; pass it on afterwards, less lines with `message`
+    ("" drops them all)."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -187,23 +188,9 @@ def _native_stderr_without(message: str) -> Iterator[None]:
                 sys.stderr.flush()
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
+def _quiet_native_stderr():
     """Silence what C++ writes to file descriptor 2 (Kineto's 'profiler_start' lines with a timestamp)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no real fd 2 (some embedded interpreters): leave it as it is
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    return _native_stderr_without("")          # every line contains "": none is passed on
 
 
 @contextlib.contextmanager
