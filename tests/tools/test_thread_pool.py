@@ -108,3 +108,12 @@ def test_thread_report_says_why_it_was_skipped(monkeypatch):
 
     monkeypatch.setattr(thread_pool, "thread_pool_comparison", broken)
     assert thread_report() == ["thread-pool step times skipped: RuntimeError: no torch here"]
+
+
+def test_make_lab_starts_jupyterlab_with_the_passive_wait_policy_unless_one_is_set():
+    from notebook_rules import ROOT
+
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "\nOMP_WAIT_POLICY ?= PASSIVE\n" in makefile                       # ?=: a policy already set wins
+    lab = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    assert "env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab" in lab
