@@ -26,7 +26,6 @@ from ptlab.lessons.ch03_data.datasets import (
     corrupt_files,
 )
 from ptlab.lessons.ch03_data.processes import child_pids, private_mib
-from ptlab.thread_pool import available_cores, step_times
 from ptlab.workers import (
     NoneOnUnreadable,
     image_folder_skipping_unreadable,
@@ -371,36 +370,4 @@ def iterable_dataset_duplicates(buggy: bool) -> Outcome:
                  "stream samples seen twice": twice},
         checks=[Check("samples in one epoch (the stream holds 40)", len(seen), "== 80"),
                 Check("stream samples seen exactly twice (of 40)", twice, "== 40")],
-    )
-
-
-@pitfall(
-    id="busy-core-spinning-threads", chapter=3,
-    title="A torch thread for every core while another process keeps one busy",
-    symptom="beside one busy process, the median training step takes more than 2x as long as on the quiet "
-            "machine (the same process, the same thread count, measured in turns)",
-    why="""torch splits a large op over its whole thread pool, and the op ends only when its slowest thread
-    is done. With a thread on every core, one thread shares its core with the busy process and runs only part
-    of the time, so every parallel op waits for it. Under OpenMP's default wait policy, a thread with nothing to
-    do spins for a while before it sleeps, and in a training step the next op usually comes within that while:
-    the threads keep competing for the cores even between ops. A laptop is never idle (a browser, JupyterLab,
-    another kernel), so the same code can be several times slower there than on a quiet machine.""",
-    catch="""Leave the other work a core: torch.set_num_threads(cores - busy) (what this fix does), or start
-    Python with OMP_WAIT_POLICY=PASSIVE in its environment (it must be set before torch starts its OpenMP
-    runtime; `make lab` does it for the course's kernels), so waiting threads sleep instead of spinning. To see
-    it on your machine, time a step quiet and beside one busy process: ptlab.thread_pool.step_times.""",
-)
-def busy_core_spinning_threads(buggy: bool) -> Outcome:
-    cores = available_cores()
-    if buggy:
-        threads, given = cores, "every core"                    # BUG: one thread shares its core with the busy process
-    else:
-        threads, given = max(1, cores - 1), "every core but one"  # FIX: leave the busy process its core
-    # A fresh process with OMP_WAIT_POLICY unset (the runtime's default), batch 16; quiet and busy take turns.
-    run = step_times(threads, wait_policy=None, rounds=2, steps=2, batch_size=16, warmup=1)
-    quiet, busy = run.median("quiet"), run.median("busy")
-    return Outcome(
-        figures={"torch threads": given, "quiet step (ms)": quiet * 1e3, "busy step (ms)": busy * 1e3,
-                 "busy / quiet": busy / quiet},
-        checks=[Check("median step beside one busy process / median step quiet", busy / quiet, "> 2")],
     )
