@@ -1,4 +1,4 @@
-"""Torch's thread pool on a busy machine: SmallCNN step times per thread count and OpenMP wait policy, quiet and beside one busy process."""
+"""Torch's thread pool on a busy machine: step times per thread count and OpenMP wait policy, quiet and busy."""
 from __future__ import annotations
 
 import json
