@@ -146,7 +146,8 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
     env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     spec = json.dumps({"threads": threads, "loads": loads * rounds,
                        "steps": steps, "batch_size": batch_size, "width": width, "warmup": warmup})
-    code = f"import sys; from {__name__} import _child_main; _child_main(sys.argv[1])"
+    # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
+    code = f"import sys; sys.path.insert(0, {root!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
     run = subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True,
                          timeout=timeout_s)
     if run.returncode != 0:

@@ -73,6 +73,14 @@ def test_a_failing_child_is_a_clear_error(monkeypatch):
         step_times(1, rounds=1, steps=1, batch_size=2, width=1, warmup=0)
 
 
+def test_the_child_imports_this_ptlab_even_from_a_folder_that_holds_another(tmp_path, monkeypatch):
+    (tmp_path / "ptlab").mkdir()
+    (tmp_path / "ptlab" / "__init__.py").write_text("raise ImportError('the wrong ptlab')\n")
+    monkeypatch.chdir(tmp_path)
+    run = step_times(1, loads=("quiet",), rounds=1, steps=1, batch_size=2, width=1, warmup=0)
+    assert len(run.times["quiet"]) == 1
+
+
 def test_step_times_median_rejects_a_load_it_did_not_measure():
     run = StepTimes(1, None, {"quiet": [0.1, 0.3, 0.2]})
     assert run.median("quiet") == 0.2
