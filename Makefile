@@ -44,8 +44,12 @@ $(READY): requirements.lock pyproject.toml tools/jupyterlab-overrides.json | che
 setup: check-setup $(READY)
 
 # JupyterLab refuses to run as root without --allow-root (Docker, CI); a normal user never needs it.
+# OMP_WAIT_POLICY=PASSIVE (kernels inherit it): torch's idle OpenMP threads sleep instead of spinning, which on a
+# laptop busy with other programs keeps a step from waiting on a thread that lost its core (README, Performance).
+# Set OMP_WAIT_POLICY yourself to override it.
+OMP_WAIT_POLICY ?= PASSIVE
 lab: check-setup $(READY)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 doctor: check-setup $(READY)
 	$(PY) -m ptlab doctor

@@ -12,6 +12,7 @@ import nbformat
 import psutil
 
 from ptlab.amp import speed_report
+from ptlab.thread_pool import thread_report
 from ptlab.watch import overhead_line
 
 SKIP_MARKS = ("NBVAL_SKIP", "NBVAL_IGNORE_OUTPUT")
@@ -250,7 +251,8 @@ def budget_problems(run: NotebookRun) -> list[str]:
 def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
     checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
-    table and the watch's overhead on chapter 4's step, then every budget that was broken."""
+    table, the watch's overhead on chapter 4's step and the thread pool's step times quiet and beside a busy
+    process (ptlab.thread_pool.thread_report), then every budget that was broken."""
     from tqdm.auto import tqdm
 
     runs, problems = [], []
@@ -270,6 +272,7 @@ def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
         print(line)
         if not within:
             problems.append(line)
+        print("\n" + "\n".join(thread_report()))
     for p in problems:
         print(f"OVER BUDGET OR FAILED: {p}")
     return 1 if problems else 0

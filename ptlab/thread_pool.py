@@ -1,0 +1,198 @@
+"""Torch's thread pool on a busy machine: step times per thread count and OpenMP wait policy, quiet and busy."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .data import to_float_tensors
+from .models import SmallCNN
+
+LOADS = ("quiet", "busy")
+WAIT_POLICIES = (None, "PASSIVE", "ACTIVE")
+# The busy process: pure Python spinning on one core until its parent exits or `seconds` pass; it says when it spins.
+_SPIN = """import os, sys, time
+parent, end = os.getppid(), time.monotonic() + float(sys.argv[1])
+print("spinning", flush=True)
+while time.monotonic() < end and os.getppid() == parent:
+    for _ in range(200_000):
+        pass
+"""
+_SPIN_MAX_S = 600.0
+
+
+def available_cores() -> int:
+    """The number of CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                                     # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def start_busy_process(seconds: float = _SPIN_MAX_S) -> subprocess.Popen:
+    """Start one process that spins in pure Python (one core's worth of load); returns once it spins.
+
+    It stops by itself after `seconds` or when this process exits; stop it sooner with stop_busy_process."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(float(seconds))], stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "spinning":
+        stop_busy_process(proc)
+        raise RuntimeError("the busy process did not start")
+    return proc
+
+
+def stop_busy_process(proc: subprocess.Popen) -> None:
+    """Stop a process start_busy_process started (and wait for it)."""
+    proc.kill()
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _measure(threads: int, loads: list[str], steps: int, batch_size: int, width: int, warmup: int) -> dict:
+    """In this process: SmallCNN training step wall times (seconds) per load, the loads in the given order."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = SmallCNN(width=width).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    X, y = to_float_tensors(train=True)                        # (N, 3, 32, 32), (N,)
+    X, y = X[:batch_size], y[:batch_size]                      # (B, 3, 32, 32), (B,)
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    times: dict[str, list[float]] = {load: [] for load in loads}
+    for load in loads:
+        busy = start_busy_process() if load == "busy" else None
+        try:
+            for _ in range(steps):
+                start = time.perf_counter()
+                step()
+                times[load].append(time.perf_counter() - start)
+        finally:
+            if busy is not None:
+                stop_busy_process(busy)
+    return {"times": times, "threads": torch.get_num_threads()}
+
+
+def _child_main(spec: str) -> None:
+    """Entry point of the fresh child process: measure as `spec` (JSON) says and print the result as JSON."""
+    args = json.loads(spec)
+    print(json.dumps(_measure(**args)))
+
+
+@dataclass
+class StepTimes:
+    """Step wall times (seconds) of one configuration, per load ('quiet', 'busy'), from one fresh process."""
+    threads: int
+    wait_policy: str | None
+    times: dict[str, list[float]]
+
+    def median(self, load: str) -> float:
+        """Median step time (seconds) under `load`."""
+        if load not in self.times:
+            raise ValueError(f"load must be one of {', '.join(self.times)}, got {load!r}")
+        return statistics.median(self.times[load])
+
+    @property
+    def busy_over_quiet(self) -> float:
+        """Median step time beside one busy process / median step time on a quiet machine."""
+        return self.median("busy") / self.median("quiet")
+
+    @property
+    def name(self) -> str:
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''}, OMP_WAIT_POLICY={self.wait_policy or 'unset'}"
+
+
+def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str] = ("quiet", "busy"),
+               rounds: int = 2, steps: int = 3, batch_size: int = 32, width: int = 32, warmup: int = 2,
+               timeout_s: float = 300.0) -> StepTimes:
+    """Time SmallCNN training steps on `threads` torch threads in a fresh Python process started with
+    OMP_WAIT_POLICY=`wait_policy` (None: unset, the OpenMP runtime's default; the policy only takes effect
+    before the runtime starts, hence the fresh process). The loads take turns, `rounds` times, `steps`
+    timed steps each: 'quiet' (nothing else of ours runs) and 'busy' (one process spins in pure Python)."""
+    _check_int("threads", threads, 1)
+    for name, value, minimum in (("rounds", rounds, 1), ("steps", steps, 1), ("batch_size", batch_size, 2),
+                                 ("width", width, 1), ("warmup", warmup, 0)):
+        _check_int(name, value, minimum)
+    if wait_policy not in WAIT_POLICIES:
+        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    loads = list(loads)
+    if not loads or any(load not in LOADS for load in loads) or len(set(loads)) != len(loads):
+        raise ValueError(f"loads must be distinct names from {LOADS}, got {loads!r}")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    root = str(Path(__file__).resolve().parents[1])            # the child imports this ptlab
+    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    spec = json.dumps({"threads": threads, "loads": loads * rounds,
+                       "steps": steps, "batch_size": batch_size, "width": width, "warmup": warmup})
+    # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
+    code = f"import sys; sys.path.insert(0, {root!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
+    run = subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True,
+                         timeout=timeout_s)
+    if run.returncode != 0:
+        raise RuntimeError(f"the measuring process failed (exit {run.returncode}): {run.stderr.strip()[-500:]}")
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return StepTimes(result["threads"], wait_policy, result["times"])
+
+
+def thread_pool_comparison(threads: Sequence[int] | None = None,
+                           wait_policies: Sequence[str | None] = (None, "PASSIVE"), **kwargs) -> list[StepTimes]:
+    """step_times for every pair of thread count (default: 1 and every available core) and wait policy,
+    each in its own fresh process, quiet and beside one busy process (kwargs go to step_times)."""
+    if threads is None:
+        threads = sorted({1, available_cores()})
+    threads, wait_policies = list(threads), list(wait_policies)
+    if not threads or not wait_policies:
+        raise ValueError(f"threads and wait_policies must not be empty, got {threads!r} and {wait_policies!r}")
+    return [step_times(n, policy, **kwargs) for n in threads for policy in wait_policies]
+
+
+def _ratio_line(results: list[StepTimes], load: str) -> str | None:
+    """'default / PASSIVE' step time ratio under `load` on the most threads measured, if both were."""
+    by_key = {(r.threads, r.wait_policy): r for r in results}
+    most = max(r.threads for r in results)
+    if most < 2 or (most, None) not in by_key or (most, "PASSIVE") not in by_key:
+        return None
+    ratio = by_key[most, None].median(load) / by_key[most, "PASSIVE"].median(load)
+    return f"{load}: OMP_WAIT_POLICY unset / PASSIVE on {most} threads: {ratio:.2f}x"
+
+
+def thread_report(batch_size: int = 32, **kwargs) -> list[str]:
+    """The lines `make bench` prints: SmallCNN step times on 1 thread and on every core, OpenMP wait policy
+    unset and PASSIVE, quiet and beside one busy process, with the ratios. Information only: any failure
+    gives one 'skipped' line."""
+    try:
+        results = thread_pool_comparison(batch_size=batch_size, **kwargs)
+    except Exception as err:  # information, not a verdict: say why it is missing
+        return [f"thread-pool step times skipped: {type(err).__name__}: {err}"]
+    base = results[0].median("quiet")
+    lines = [f"Torch's thread pool (chapter 3): SmallCNN training step, batch {batch_size}, median ms "
+             f"({available_cores()} cores available; 'busy': one other process spins on one core)",
+             f"{'configuration':<42} {'quiet':>8} {'busy':>8}  busy/quiet  vs {results[0].name} quiet"]
+    for r in results:
+        lines.append(f"{r.name:<42} {r.median('quiet') * 1e3:8.1f} {r.median('busy') * 1e3:8.1f}"
+                     f"  {r.busy_over_quiet:9.2f}x  quiet {r.median('quiet') / base:.2f}x, busy "
+                     f"{r.median('busy') / base:.2f}x")
+    lines += [line for load in LOADS if (line := _ratio_line(results, load))]
+    return lines
