@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import ptlab
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
 
@@ -248,7 +247,7 @@ with open(sys.argv[1], "wb") as out:
 
 def _rerun_without_cuda(reproduce, buggy: bool) -> Outcome:
     """reproduce(buggy) run in a fresh Python whose torch sees no CUDA device, as on a CPU-only machine."""
-    root = str(Path(ptlab.__file__).resolve().parents[1])           # the child imports this checkout's ptlab
+    root = str(Path(__file__).resolve().parents[3])                 # the folder holding this ptlab: the child imports it
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     code = _RERUN_SCRIPT.format(module=reproduce.__module__, name=reproduce.__name__, buggy=bool(buggy))
