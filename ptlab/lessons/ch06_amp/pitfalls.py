@@ -407,15 +407,15 @@ def _exact_if_not_finite(value: float) -> float | str:
 
 @pitfall(
     id="fp16-forward-overflow", chapter=6,
-    title="A forward value above 65504 is inf in float16: the loss is NaN",
-    symptom="under float16 autocast the largest similarity score is inf and the loss is NaN; computed in float32, "
-            "the same scores are finite",
-    why="""autocast runs matmuls in float16, and float16's largest finite value is 65504: a result beyond it
-    becomes inf. Here the features are not normalized, so the encoded queries and documents have entries around
+    title="A forward value past float16's range (largest 65504) becomes inf: the loss is NaN",
+    symptom="under float16 autocast the largest similarity score is inf and the loss is not finite (NaN); "
+            "computed in float32, the same scores and the loss are finite",
+    why="""autocast runs matmuls in float16, and float16's largest finite value is 65504: a result of 65520 or
+    more rounds to inf. Here the features are not normalized, so the encoded queries and documents have entries around
     40, and a query's score with its own document sums 128 products of about 40 x 40, some 2e5. `cross_entropy`
     runs in float32 under autocast, but the inf is already in its input, and the log-softmax of a row holding
     +inf computes inf - inf = NaN. A GradScaler does not help: it scales the backward pass, not the forward. The
-    same holds for any float16 value that grows past 65504: a large logit, a sum of squares of a float16
+    same holds for any float16 value that reaches 65520: a large logit, a sum of squares of a float16
     activation, an exp of more than about 11.1. Switching autocast off is not enough on its own: `q` and `d`
     are already float16, and a matmul of float16 tensors outside autocast is float16 too, so the fix casts them.""",
     catch="""Run the region that makes large values in float32: `with torch.autocast(device_type, enabled=False):`
