@@ -9,11 +9,26 @@ from ptlab.amp import format_op_table, format_speed_table, op_dtypes, running_su
 from ptlab.course.pitfalls import all_pitfalls
 
 AMP_IDS = {"scaler-update-forgotten", "scaler-update-before-step", "clip-without-unscale",
-           "fp16-without-scaler", "deprecated-amp-spelling", "manual-half-vs-autocast"}
+           "fp16-without-scaler", "deprecated-amp-spelling", "manual-half-vs-autocast",
+           "gradscaler-default-device", "fp16-forward-overflow"}
 
 
 def test_chapter_6_registers_the_amp_pitfalls():
     assert AMP_IDS <= {p.id for p in all_pitfalls(chapter=6)}
+
+
+def test_gradscaler_default_device_rerun_without_cuda_matches_the_run_here():
+    """The branch a GPU machine takes: the reproduction rerun in a child Python with CUDA hidden gives the
+    run of a CPU-only machine (here, this process's own run)."""
+    from ptlab.lessons.ch06_amp.pitfalls import _rerun_without_cuda, gradscaler_default_device
+
+    child = _rerun_without_cuda(gradscaler_default_device, buggy=True)
+    assert child.figures["CUDA available where it ran"] is False and child.figures["scaler._device"] == "cuda"
+    if not torch.cuda.is_available():
+        here = gradscaler_default_device(buggy=True)
+        assert [(c.what, c.holds) for c in child.checks] == [(c.what, c.holds) for c in here.checks]
+        assert child.texts == here.texts
+    assert all(c.holds for c in child.checks)
 
 
 def test_op_dtypes_matmul_low_losses_float32():

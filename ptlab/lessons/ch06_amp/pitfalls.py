@@ -5,9 +5,16 @@ float32's range and needs none), and float16 autocast runs on the CPU too.
 """
 from __future__ import annotations
 
+import math
+import os
+import pickle
 import re
+import subprocess
+import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -174,6 +181,22 @@ def _near_converged_mlp():
     return model
 
 
+def _small_targets() -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch whose targets are tiny, so near _near_converged_mlp's outputs: X (1024, 32), y (1024, 1)."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(1024, 32, generator=g)                 # (1024, 32)
+    y = 1e-4 * (X @ torch.randn(32, 1, generator=g))       # (1024, 1): small targets
+    return X, y
+
+
+def _zeroed_gradient_entries(model: nn.Module, reference: nn.Module) -> tuple[int, int]:
+    """(entries of model's .grad that are 0 where reference's are not, entries non-zero in reference)."""
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters())]
+    nonzero = sum((q != 0).sum().item() for _, q in pairs)
+    zeroed = sum(((p == 0) & (q != 0)).sum().item() for p, q in pairs)
+    return zeroed, nonzero
+
+
 @pitfall(
     id="fp16-without-scaler", chapter=6,
     title="float16 autocast without a GradScaler: small gradients underflow to zero",
@@ -188,9 +211,7 @@ def _near_converged_mlp():
     does not need one). Count the exact zeros in the gradients: a layer whose gradient is all 0 is the sign.""",
 )
 def fp16_without_scaler(buggy: bool) -> Outcome:
-    g = torch.Generator().manual_seed(0)
-    X = torch.randn(1024, 32, generator=g)                 # (1024, 32)
-    y = 1e-4 * (X @ torch.randn(32, 1, generator=g))       # (1024, 1): small targets
+    X, y = _small_targets()                                # (1024, 32), (1024, 1)
     reference = _near_converged_mlp()
     nn.functional.mse_loss(reference(X), y).backward()     # the float32 gradients
     model = _near_converged_mlp()
@@ -203,15 +224,101 @@ def fp16_without_scaler(buggy: bool) -> Outcome:
         out = model(X)                                     # (1024, 1) float16
     scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
     scaler.unscale_(opt)
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), reference.parameters())]
-    nonzero = sum((q != 0).sum().item() for _, q in pairs)
-    zeroed = sum(((p == 0) & (q != 0)).sum().item() for p, q in pairs)
+    zeroed, nonzero = _zeroed_gradient_entries(model, reference)
     first = (model[0].weight.grad.norm() / reference[0].weight.grad.norm()).item()
     return Outcome(
         figures={"gradient entries non-zero in float32": nonzero, "of those, 0 here": float(zeroed),
                  "first layer grad norm / float32's": first},
         checks=[Check("fraction of gradient entries zeroed", zeroed / nonzero, "> 0.5"),
                 Check("first layer grad norm / float32's", first, "< 0.01")],
+    )
+
+
+_RERUN_SCRIPT = """
+import pickle, sys
+import torch
+if torch.cuda.is_available():
+    sys.exit("CUDA_VISIBLE_DEVICES='' did not hide CUDA from torch")
+from {module} import {name} as reproduce
+with open(sys.argv[1], "wb") as out:
+    pickle.dump(reproduce(buggy={buggy}), out)
+"""
+
+
+def _rerun_without_cuda(reproduce, buggy: bool) -> Outcome:
+    """reproduce(buggy) run in a fresh Python whose torch sees no CUDA device, as on a CPU-only machine."""
+    root = str(Path(__file__).resolve().parents[3])                 # the folder holding this ptlab: the child imports it
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    code = _RERUN_SCRIPT.format(module=reproduce.__module__, name=reproduce.__name__, buggy=bool(buggy))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "outcome.pickle"
+        run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"rerunning {reproduce.__name__} without CUDA failed (exit code {run.returncode}):\n"
+                               f"{run.stderr[-2000:]}")
+        with path.open("rb") as f:
+            return pickle.load(f)
+
+
+DISABLED_WARNING = "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+
+
+@pitfall(
+    id="gradscaler-default-device", chapter=6,
+    title="torch.amp.GradScaler() without a device means 'cuda': where torch finds no CUDA it switches itself off",
+    symptom="without CUDA the scaler is disabled (is_enabled() False, a UserWarning ending 'CUDA is not available.  "
+            "Disabling.'), scale(loss) leaves the loss unscaled, and more than half of the gradient entries that "
+            "are non-zero in float32 come out exactly 0",
+    why="""The device type is `GradScaler`'s first argument and defaults to "cuda". Where torch finds no CUDA (and
+    torch_xla is not installed), the constructor warns "torch.cuda.amp.GradScaler is enabled, but CUDA is not
+    available.  Disabling." (a UserWarning that names the old class even when you called `torch.amp.GradScaler`) and
+    turns the scaler off: `scale(loss)` returns `loss` itself, `unscale_()` and `update()` do nothing, and `step()`
+    is a plain `optimizer.step()`. Training runs on without an error and without loss scaling, so the small float16
+    gradients round to 0, as in the fp16-without-scaler pitfall. On a machine with CUDA the same line makes an
+    enabled scaler, and by torch 2.14's source (read, not run here: this course runs on the CPU) it scales a CPU
+    loss correctly too, because it makes its scale tensor on the device of the first tensor it scales. So the bug
+    stays hidden on a GPU machine and shows on a CPU-only one: a laptop, a CI runner. This reproduction needs that
+    condition: where torch sees CUDA, it reruns itself in a child Python started with `CUDA_VISIBLE_DEVICES=""`,
+    in which torch sees none (the figure "CUDA available where it ran" says so).""",
+    catch="""Pass the device you train on: `torch.amp.GradScaler("cpu")`, or `torch.amp.GradScaler(device.type)`
+    with `device` chosen once at the top. Assert `scaler.is_enabled()` after making it, and run your tests with
+    warnings turned into errors (pytest's `-W error`) so the "Disabling." warning fails them.""",
+)
+def gradscaler_default_device(buggy: bool) -> Outcome:
+    if torch.cuda.is_available():                          # the bug needs a machine without CUDA:
+        return _rerun_without_cuda(gradscaler_default_device, buggy)  # rerun in a process that sees none
+    X, y = _small_targets()                                # (1024, 32), (1024, 1): small targets
+    reference = _near_converged_mlp()
+    nn.functional.mse_loss(reference(X), y).backward()     # the float32 gradients
+    model = _near_converged_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:   # the warning stays here, never on stderr
+        warnings.simplefilter("always")
+        if buggy:
+            scaler = torch.amp.GradScaler()                # BUG: device defaults to "cuda"; no CUDA: disabled
+        else:
+            scaler = torch.amp.GradScaler("cpu")           # FIX: the device you train on
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(X)                                     # (1024, 1) float16
+    loss = nn.functional.mse_loss(out.float(), y)
+    scaled = scaler.scale(loss)                            # disabled: returns loss itself
+    scaled.backward()
+    scaler.step(opt)                                       # unscales .grad first; disabled: a plain opt.step()
+    scaler.update()
+    zeroed, nonzero = _zeroed_gradient_entries(model, reference)
+    warned = [f"{w.category.__name__}: {w.message}" for w in caught]
+    return OutcomeWithTexts(
+        figures={"CUDA available where it ran": torch.cuda.is_available(), "scaler._device": scaler._device,
+                 "is_enabled()": scaler.is_enabled(), "warnings": len(warned), "scaled loss / loss":
+                 (scaled / loss).item(), "gradient entries non-zero in float32": nonzero, "of those, 0 here": float(zeroed)},
+        checks=[Check("scaler.is_enabled()", scaler.is_enabled(), "is False"),
+                Check("a UserWarning said 'CUDA is not available.  Disabling.'",
+                      f"UserWarning: {DISABLED_WARNING}" in warned, "is True"),
+                Check("scaled loss / loss", (scaled / loss).item(), "< 2"),
+                Check("fraction of gradient entries zeroed", zeroed / nonzero, "> 0.5")],
+        texts={"warnings": "\n".join(warned) or "none"},
     )
 
 
@@ -290,4 +397,52 @@ def manual_half_vs_autocast(buggy: bool) -> Outcome:
                  "fraction of weights with non-zero grad left unchanged": unchanged},
         checks=[Check("the loss is float16", loss.dtype == torch.float16, "is True"),
                 Check("fraction of weights with non-zero grad left unchanged", unchanged, "> 0.5")],
+    )
+
+
+def _exact_if_not_finite(value: float) -> float | str:
+    """inf and nan as exact text (they are the same on every machine); a finite value stays a measured float."""
+    return value if math.isfinite(value) else str(value)
+
+
+@pitfall(
+    id="fp16-forward-overflow", chapter=6,
+    title="A forward value past float16's range (largest 65504) becomes inf: the loss is NaN",
+    symptom="under float16 autocast the largest similarity score is inf and the loss is not finite (NaN); "
+            "computed in float32, the same scores and the loss are finite",
+    why="""autocast runs matmuls in float16, and float16's largest finite value is 65504: a result of 65520 or
+    more rounds to inf. Here the features are not normalized, so the encoded queries and documents have entries around
+    40, and a query's score with its own document sums 128 products of about 40 x 40, some 2e5. `cross_entropy`
+    runs in float32 under autocast, but the inf is already in its input, and the log-softmax of a row holding
+    +inf computes inf - inf = NaN. A GradScaler does not help: it scales the backward pass, not the forward. The
+    same holds for any float16 value that reaches 65520: a large logit, a sum of squares of a float16
+    activation, an exp of more than about 11.1. Switching autocast off is not enough on its own: `q` and `d`
+    are already float16, and a matmul of float16 tensors outside autocast is float16 too, so the fix casts them.""",
+    catch="""Run the region that makes large values in float32: `with torch.autocast(device_type, enabled=False):`
+    and cast its inputs with `.float()`; or autocast to bfloat16, which has float32's range; or keep the values
+    small (normalize the embeddings, divide attention scores by sqrt(d)). Check `torch.isfinite(loss)` every
+    step and log the largest absolute value of a suspect activation.""",
+)
+def fp16_forward_overflow(buggy: bool) -> Outcome:
+    g = torch.Generator().manual_seed(0)
+    docs = 70 * torch.randn(64, 128, generator=g)          # (64, 128): raw features, not normalized
+    queries = docs + 10 * torch.randn(64, 128, generator=g)  # (64, 128): query i is about document i
+    torch.manual_seed(0)
+    encode = nn.Linear(128, 128)
+    with torch.autocast("cpu", dtype=torch.float16):
+        q, d = encode(queries), encode(docs)               # (64, 128) float16 each, entries around 40
+        if buggy:
+            scores = q @ d.T                               # BUG: float16 matmul: scores above 65504 are inf
+        else:
+            with torch.autocast("cpu", enabled=False):     # FIX: this region in float32...
+                scores = q.float() @ d.float().T           # FIX: ...on float32 inputs (q and d are float16)
+        loss = nn.functional.cross_entropy(scores, torch.arange(64))  # (64, 64) scores -> float32 loss
+    largest = scores.abs().max().item()
+    with torch.no_grad():
+        in_float32 = (encode(queries) @ encode(docs).T).abs().max().item()   # no autocast: all float32
+    return Outcome(
+        figures={"scores dtype": str(scores.dtype), "largest |score|": _exact_if_not_finite(largest),
+                 "largest |score| computed in float32": in_float32, "loss": _exact_if_not_finite(loss.item())},
+        checks=[Check("the largest |score| is inf", math.isinf(largest), "is True"),
+                Check("the loss is finite", math.isfinite(loss.item()), "is False")],
     )
