@@ -12,6 +12,7 @@ import nbformat
 import psutil
 
 from ptlab.amp import speed_report
+from ptlab.speed_ladder import ladder_report
 from ptlab.thread_pool import thread_report
 from ptlab.watch import overhead_line
 
@@ -251,8 +252,8 @@ def budget_problems(run: NotebookRun) -> list[str]:
 def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
     checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
-    table, the watch's overhead on chapter 4's step and the thread pool's step times quiet and beside a busy
-    process (ptlab.thread_pool.thread_report), then every budget that was broken."""
+    table, chapter 8's speed ladder, the watch's overhead on chapter 4's step and the thread pool's step times
+    quiet and beside a busy process (ptlab.thread_pool.thread_report), then every budget that was broken."""
     from tqdm.auto import tqdm
 
     runs, problems = [], []
@@ -268,6 +269,7 @@ def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
         print("\n" + bench_markdown(runs))
     if speed:
         print("\n" + speed_report())
+        print("\n" + ladder_report())
         line, within = overhead_line()
         print(line)
         if not within:
