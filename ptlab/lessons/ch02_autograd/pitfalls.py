@@ -1,4 +1,4 @@
-"""Chapter 2 pitfalls: autograd, detach, gradient accumulation and gradient size."""
+"""Chapter 2 pitfalls: autograd, detach, no_grad vs eval, in-place edits, gradient accumulation and size."""
 from __future__ import annotations
 
 import torch
@@ -202,6 +202,69 @@ def inplace_saved_for_backward(buggy: bool) -> Outcome:
                            Check("the message names", "no error", "contains 'output 0 of Sigmoid'")])
 
 
+class ResidualBlock(nn.Module):
+    """A residual MLP block, x + relu(fc2(relu(fc1(x)))); `inplace_add` picks how the skip is added."""
+
+    def __init__(self, width: int, inplace_add: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, width), nn.Linear(width, width)
+        self.inplace_add = inplace_add
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # (B, W) -> (B, W)
+        identity = x
+        out = torch.relu(self.fc1(x))
+        out = torch.relu(self.fc2(out))                    # relu saves its output: its backward needs it
+        if self.inplace_add:
+            out += identity                                # writes into the output relu saved
+        else:
+            out = out + identity                           # a new tensor; relu's output stays intact
+        return out
+
+
+@pitfall(
+    id="residual-inplace-add", chapter=2,
+    title="A residual out += identity inside a module breaks backward() when out was saved for backward",
+    symptom="backward() raises RuntimeError: one of the variables needed for gradient computation has been "
+            "modified by an inplace operation, naming output 0 of Relu",
+    why="""`torch.relu` saves its output: its backward passes the gradient where that output is positive.
+    The block then adds the skip connection in place, `out += identity`, into that very tensor. The
+    forward is right (the numbers are those of `out = out + identity`), but the write bumped the tensor's
+    version counter, and when backward reaches relu it finds its saved output changed and refuses. The
+    error comes from the training loop's `loss.backward()`, far from the block, and names the tensor by
+    its shape and by relu, not by the `+=`. Whether `+=` is safe depends on whether any op saved `out`:
+    torchvision's ResNet adds in place onto BatchNorm's output, which BatchNorm's backward does not need,
+    then applies ReLU.""",
+    catch="""Write residuals out of place: `out = out + identity`. Keep an in-place op (`+=`, `add_`,
+    `relu_`, `nn.ReLU(inplace=True)`) only on a tensor no backward needs (neither the op that made it nor
+    any op that read it since saved it), and test one backward through the module after any such change.
+    When the error names a producer inside a module, look for an in-place write after it in that
+    module's forward.""",
+)
+def residual_inplace_add(buggy: bool) -> Outcome:
+    X, y = _regression_batch()                             # X (32, 4), y (32, 1)
+    torch.manual_seed(0)
+    if buggy:
+        block = ResidualBlock(16, inplace_add=True)        # BUG: forward ends with out += identity
+    else:
+        block = ResidualBlock(16, inplace_add=False)       # FIX: forward ends with out = out + identity
+    model = nn.Sequential(nn.Linear(4, 16), block, nn.Linear(16, 1))
+    loss = nn.functional.mse_loss(model(X), y)             # forward: no error either way
+    try:
+        loss.backward()
+    except RuntimeError as err:
+        message, detail = str(err).split(" Hint: ")[0].split(": ", 1)
+        tensor, versions = detail.split(", is at ")
+        says = message.split("has been ")[-1]              # "modified by an inplace operation"
+        return Outcome(figures={"loss": loss.item(), "backward() says": says, "tensor": tensor,
+                                "versions": "is at " + versions},
+                       checks=[Check("backward() raised", says, "contains 'modified by an inplace operation'"),
+                               Check("the message names", tensor, "contains 'output 0 of Relu'")])
+    return Outcome(figures={"loss": loss.item(), "backward() says": "no error",
+                            "grad norm of block.fc1.weight": block.fc1.weight.grad.norm().item()},
+                   checks=[Check("backward() raised", "no error", "contains 'modified by an inplace operation'"),
+                           Check("the message names", "no error", "contains 'output 0 of Relu'")])
+
+
 @pitfall(
     id="exploding-gradients-nan", chapter=2,
     title="Unnormalised inputs make gradients explode until the loss is NaN",
@@ -310,6 +373,45 @@ def running_loss_keeps_graph(buggy: bool) -> Outcome:
                  "of them still alive": alive, "KiB of saved activations still held": held // 1024},
         checks=[Check("saved tensors still alive, of 120", alive, "== 120"),
                 Check("KiB of saved activations still held", held // 1024, "> 1000")],
+    )
+
+
+@pitfall(
+    id="eval-is-not-no-grad", chapter=2,
+    title="model.eval() does not stop autograd: a validation pass in eval mode still records the graph",
+    symptom="after model.eval() alone, a validation batch's predictions have requires_grad True and autograd "
+            "saves over 100,000 bytes of activations for a backward that never comes",
+    why="""`model.eval()` and `torch.no_grad()` do separate jobs. `eval()` sets `training = False` on every
+    submodule, which changes what some layers compute: Dropout passes its input through, BatchNorm
+    normalises with its running statistics and stops updating them. It says nothing to autograd: the
+    parameters still require grad, so every forward records a graph and saves the activations its
+    backward would need, for a backward that never comes. That costs memory (the activations live as long
+    as the outputs do; `python -m ptlab pitfalls run eval-without-no-grad` shows them piling up when
+    the outputs are kept). The predictions are the same either way. The reverse holds too:
+    `no_grad()` alone leaves Dropout dropping and BatchNorm on batch statistics.""",
+    catch="""Evaluate with both: `model.eval()` and `with torch.no_grad():` (or `torch.inference_mode()`),
+    and `model.train()` afterwards. Assert `not preds.requires_grad` in your validation loop, or count what
+    autograd saves with `ptlab.memory.saved_tensor_bytes`: in a validation pass it must be 0.""",
+)
+def eval_is_not_no_grad(buggy: bool) -> Outcome:
+    X, y = _regression_batch(n=256)                        # one validation batch: X (256, 4), y (256, 1)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Dropout(0.2), nn.Linear(256, 1))
+    model.eval()                                           # Dropout off, BatchNorm on running statistics
+    not_activations = [X, y, *model.parameters(), *model.buffers()]
+    with SavedTensors(exclude=not_activations) as saved:   # records what autograd saves for backward
+        if buggy:
+            preds = model(X)                               # BUG: eval() alone: the graph is recorded
+        else:
+            with torch.no_grad():                          # FIX: no graph, nothing saved
+                preds = model(X)
+        val_loss = nn.functional.mse_loss(preds, y).item()
+    return Outcome(
+        figures={"validation loss": val_loss, "preds.requires_grad": preds.requires_grad,
+                 "preds.grad_fn": preds.grad_fn.name() if preds.grad_fn else "None",
+                 "bytes of activations saved for backward": saved.bytes},
+        checks=[Check("preds.requires_grad", preds.requires_grad, "is True"),
+                Check("bytes of activations saved for backward", saved.bytes, "> 1e5")],
     )
 
 
