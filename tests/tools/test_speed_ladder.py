@@ -147,7 +147,7 @@ def test_the_naive_rungs_adamw_defaults_to_the_per_parameter_loop_on_the_cpu():
     assert torch.optim.AdamW(params).defaults["foreach"] is None and torch.optim.AdamW(params).defaults["fused"] is None
 
 
-def test_make_bench_prints_the_ladder_after_the_mixed_precision_table(monkeypatch, capsys):
+def test_make_bench_prints_the_ladder_after_the_mixed_precision_table_and_the_thread_pool_last(monkeypatch, capsys):
     """Only the wiring: the two reports and the watch line stand in for the real ones (each tested on its own)."""
     from ptlab.course import nbrun
 
@@ -155,6 +155,8 @@ def test_make_bench_prints_the_ladder_after_the_mixed_precision_table(monkeypatc
     monkeypatch.setattr(nbrun, "speed_report", lambda: "MIXED PRECISION TABLE")
     monkeypatch.setattr(nbrun, "ladder_report", lambda: "SPEED LADDER TABLE")
     monkeypatch.setattr(nbrun, "overhead_line", lambda: ("watch overhead line", True))
+    monkeypatch.setattr(nbrun, "thread_report", lambda: ["THREAD POOL TABLE"])
     assert nbrun.bench([], speed=True) == 0
     out = capsys.readouterr().out
-    assert out.index("MIXED PRECISION TABLE") < out.index("SPEED LADDER TABLE") < out.index("watch overhead line")
+    assert (out.index("MIXED PRECISION TABLE") < out.index("SPEED LADDER TABLE") < out.index("watch overhead line")
+            < out.index("THREAD POOL TABLE"))
