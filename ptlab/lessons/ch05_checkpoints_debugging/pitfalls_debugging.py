@@ -64,18 +64,19 @@ def deep_mlp(depth: int = 48, width: int = 256) -> nn.Sequential:
     id="nan-from-init-scale", chapter=5,
     title="Weights initialised with std 1 overflow a deep MLP: the loss is NaN before the first update",
     symptom="in a 48-layer ReLU MLP 256 wide, the largest activation passes 1e15 by layer 24, a later "
-            "layer overflows float32, and the first loss is NaN, on clean unit-scale inputs",
+            "layer overflows float32, and the first loss is NaN, on clean inputs",
     why="""With weights of std 1, each Linear + ReLU multiplies the activations' scale by about
     sqrt(fan_in / 2): 11 at width 256, so 48 layers would reach about 1e50, and float32 ends at 3.4e38.
-    The first layer whose sums pass that returns inf, the next one adds inf to -inf (NaN), and the
-    loss is NaN before any weight has been updated. Nothing is wrong with the data or the learning
-    rate: the scale is wrong from the start. Kaiming initialisation (std sqrt(2 / fan_in)) keeps it
-    about constant through any depth.""",
-    catch="""Keep PyTorch's defaults (nn.Linear draws from U(-1/sqrt(fan_in), 1/sqrt(fan_in))) or call
-    nn.init.kaiming_normal_(w, nonlinearity='relu') for ReLU networks (xavier_normal_ for tanh); a
-    hand-written layer scales torch.randn(fan_in, fan_out) by sqrt(2 / fan_in). Before training, run one
-    batch and print each layer's largest |activation|: a steady rise per layer is this bug.
-    ptlab.clinic.first_nonfinite(model, X) names the first layer that overflowed and clears the data.""",
+    A sum past that is inf, a sum that meets both +inf and -inf is NaN, and the NaN reaches the loss
+    before any weight has been updated. Nothing is wrong with the data or the learning rate: the
+    scale is wrong from the start. Kaiming initialisation (std sqrt(2 / fan_in)) keeps it about
+    constant from layer to layer.""",
+    catch="""For ReLU networks call nn.init.kaiming_normal_(w, nonlinearity='relu') (xavier_normal_ for
+    tanh); a hand-written layer scales torch.randn(fan_in, fan_out) by sqrt(2 / fan_in). PyTorch's
+    default for nn.Linear, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), is scaled by the fan-in too and does not
+    blow up this way. Before training, run one batch and print each layer's largest |activation|: a
+    steady rise per layer is this bug. ptlab.clinic.first_nonfinite(model, X) names the first layer
+    whose output is not finite, which tells the model from the data.""",
 )
 def nan_from_init_scale(buggy: bool) -> Outcome:
     X, y = blobs(n=16)                                         # clean inputs, each feature of scale ~1
