@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -168,3 +169,25 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     if restore_random:
         set_random_state(state["random"])
     return Checkpoint(state["epoch"], state["config"], state["extra"], path)
+
+
+class MatchedLoad(NamedTuple):
+    """What load_matching_weights did: keys copied, checkpoint keys skipped, model keys left as they were."""
+
+    loaded: list[str]
+    skipped: list[str]
+    missing: list[str]
+
+
+def load_matching_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> MatchedLoad:
+    """Load every tensor of `state` whose key and shape match `model`'s; return what was loaded and skipped."""
+    if not isinstance(model, nn.Module) or not isinstance(state, Mapping):
+        raise TypeError("load_matching_weights(model, state) needs an nn.Module and a state_dict (a mapping)")
+    own = model.state_dict()
+    matching = {k: v for k, v in state.items()
+                if k in own and isinstance(v, torch.Tensor) and v.shape == own[k].shape}
+    if not matching:
+        raise ValueError(f"no key of `state` matches the model with the same shape (state has {sorted(state)[:4]}, "
+                         f"the model {sorted(own)[:4]}); for a ptlab checkpoint pass checkpoint['model']")
+    result = model.load_state_dict(matching, strict=False)
+    return MatchedLoad(list(matching), [k for k in state if k not in matching], list(result.missing_keys))

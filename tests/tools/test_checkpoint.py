@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from ptlab.checkpoint import atomic_save, load_checkpoint, random_state, save_checkpoint, set_random_state
+from ptlab.checkpoint import (atomic_save, load_checkpoint, load_matching_weights, random_state, save_checkpoint,
+                              set_random_state)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,3 +188,41 @@ def test_the_next_save_removes_the_temporary_file_a_killed_writer_left(tmp_path)
     assert all(other.exists() for other in others), "only a dead writer's temporary file of this target goes"
     assert torch.load(path, weights_only=True) == {"epoch": 3}
     assert torch.load(tmp_path / "best.pt", weights_only=True) == {"epoch": 1}
+
+
+def _net(n_out: int, hidden: int = 8) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+
+
+def test_load_matching_weights_loads_the_body_and_skips_a_head_of_another_shape():
+    torch.manual_seed(0)
+    source = _net(10)
+    torch.manual_seed(1)
+    target = _net(3)
+    head_before = target[2].weight.clone()
+    with pytest.raises(RuntimeError, match="size mismatch for 2.weight"):
+        _net(3).load_state_dict(source.state_dict(), strict=False)   # what the helper exists to avoid
+    result = load_matching_weights(target, source.state_dict())
+    assert result.loaded == ["0.weight", "0.bias"]
+    assert result.skipped == ["2.weight", "2.bias"]
+    assert result.missing == ["2.weight", "2.bias"]            # the model's own head keeps its values
+    assert torch.equal(target[0].weight, source[0].weight) and torch.equal(target[0].bias, source[0].bias)
+    assert torch.equal(target[2].weight, head_before)
+
+
+def test_load_matching_weights_skips_unknown_keys_and_reports_keys_the_state_lacks():
+    target = _net(3)
+    state = {"0.weight": torch.ones(8, 4), "extra.weight": torch.ones(2)}
+    result = load_matching_weights(target, state)
+    assert result.loaded == ["0.weight"] and result.skipped == ["extra.weight"]
+    assert result.missing == ["0.bias", "2.weight", "2.bias"]
+    assert torch.equal(target[0].weight, torch.ones(8, 4))
+
+
+def test_load_matching_weights_refuses_bad_input_and_a_state_that_matches_nothing():
+    with pytest.raises(TypeError, match="nn.Module and a state_dict"):
+        load_matching_weights(_net(3), [torch.ones(1)])
+    with pytest.raises(ValueError, match="no key of `state` matches"):
+        load_matching_weights(_net(3), {f"module.{k}": v for k, v in _net(3).state_dict().items()})
+    with pytest.raises(ValueError, match=r"checkpoint\['model'\]"):
+        load_matching_weights(_net(3), {"format": "ptlab-checkpoint-1", "model": _net(3).state_dict()})

@@ -19,11 +19,12 @@ class ClinicRow:
 
 CLINIC: tuple[ClinicRow, ...] = (
     ClinicRow("loss is NaN or inf",
-              "a learning rate far too high; a NaN or inf in the data; log, sqrt or division at 0 in your own code",
+              "a learning rate far too high; a NaN or inf in the data; weights initialised at too large a scale "
+              "for the depth; log, sqrt or division at 0 in your own code",
               "first_nonfinite(model, X) on the failing batch; torch.isfinite(X).all(); lower the lr 10x; "
               "log the gradient norm that clip_grad_norm_ returns; "
               "torch.autograd.set_detect_anomaly(True) names the backward op that made a NaN",
-              ("nan-from-a-poisoned-sample", "exploding-gradients-nan")),
+              ("nan-from-a-poisoned-sample", "nan-from-init-scale", "exploding-gradients-nan")),
     ClinicRow("loss shoots up by orders of magnitude and stays there",
               "a learning rate far too high (with BatchNorm the loss often stays finite: a dead model that "
               "keeps printing numbers); weight decay times lr above 1 flips the weights' sign every step",
@@ -58,9 +59,12 @@ CLINIC: tuple[ClinicRow, ...] = (
               "num_workers=0 to confirm; move the Dataset class to a .py module",
               ("spawn-notebook-dataset",)),
     ClinicRow("an old checkpoint fails to load, or loads nothing",
-              "keys prefixed with 'module.' by DDP; layers added or renamed; a pickled whole model whose class moved",
-              "load with strict=True and read the missing and unexpected keys; save state_dicts, not models",
-              ("ddp-prefix-strict-false", "batchnorm-added-breaks-strict-load", "pickled-whole-model")),
+              "keys prefixed with 'module.' by DDP; layers added or renamed; a new head of another size "
+              "(a size mismatch, which strict=False does not forgive); a pickled whole model whose class moved",
+              "load with strict=True and read the missing and unexpected keys; for a new head, "
+              "load_matching_weights and assert the skipped keys; save state_dicts, not models",
+              ("ddp-prefix-strict-false", "batchnorm-added-breaks-strict-load", "new-head-size-mismatch",
+               "pickled-whole-model")),
     ClinicRow("out of memory",
               "graphs kept alive (evaluation without no_grad, losses summed as tensors); too large a batch or "
               "image; too large a model. Not DataLoader workers on a GPU: they live in host memory (too many "

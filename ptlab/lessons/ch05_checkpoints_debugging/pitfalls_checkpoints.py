@@ -11,12 +11,13 @@ import io
 import re
 import sys
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ptlab.checkpoint import load_checkpoint, save_checkpoint
+from ptlab.checkpoint import load_checkpoint, load_matching_weights, save_checkpoint
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
 from ptlab.lessons.ch05_checkpoints_debugging.blobs import blob_mlp, blobs
@@ -128,6 +129,50 @@ def batchnorm_added_breaks_strict_load(buggy: bool) -> Outcome:
                  "old tensors without a matching key": len(homeless)},
         checks=[Check("load_state_dict error", error, "contains 'running_mean'"),
                 Check("old tensors without a matching key", len(homeless), "> 0")],
+    )
+
+
+def _classifier(n_classes: int) -> nn.Sequential:
+    """The blob MLP's body (2 -> 64 -> 64, ReLU) and a named head: keys body.0/body.2 and head."""
+    body = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+    return nn.Sequential(OrderedDict(body=body, head=nn.Linear(64, n_classes)))
+
+
+@pitfall(
+    id="new-head-size-mismatch", chapter=5,
+    title="A checkpoint with a 10-class head does not load into a 3-class model, even with strict=False",
+    symptom="load_state_dict(strict=False) raises RuntimeError: size mismatch for head.weight",
+    why="""strict=False forgives keys that are missing or unexpected, never a key whose tensor has another
+    shape: a size mismatch raises with strict=True and strict=False alike. Reusing a body trained on
+    another task with a new head is the usual case: the head's keys are the same, its shape is not.
+    The error comes after torch has copied every tensor it could, so a model caught in a try/except
+    is half loaded: the body holds the checkpoint's weights, the head its own.""",
+    catch="""Load the tensors whose name and shape both match (ptlab.checkpoint.load_matching_weights, or a
+    dict comprehension over model.state_dict()), then assert exactly which keys were skipped: the
+    head's, and nothing else. A skipped body key means the checkpoint is not the model you think.""",
+)
+def new_head_size_mismatch(buggy: bool) -> Outcome:
+    torch.manual_seed(0)
+    checkpoint = _classifier(n_classes=10).state_dict()        # trained elsewhere, on a 10-class task
+    torch.manual_seed(1)
+    model = _classifier(n_classes=3)                            # the same body, a new 3-class head
+    loaded, skipped = "-", "-"
+    try:
+        if buggy:
+            model.load_state_dict(checkpoint, strict=False)     # BUG: strict=False does not forgive a wrong shape
+        else:
+            result = load_matching_weights(model, checkpoint)   # FIX: only keys whose name and shape match
+            assert result.skipped == ["head.weight", "head.bias"]   # FIX: and only the head is left out
+            loaded, skipped = len(result.loaded), ", ".join(result.skipped)
+        error = "no error"
+    except RuntimeError as err:
+        error = str(err).splitlines()[1].strip()                # the first 'size mismatch for ...' line
+    body = [k for k in checkpoint if k.startswith("body.")]
+    same = sum(torch.equal(model.state_dict()[k], checkpoint[k]) for k in body)
+    return Outcome(
+        figures={"tensors loaded": loaded, "keys skipped": skipped,
+                 "body tensors equal to the checkpoint's": f"{same} of {len(body)}"},
+        checks=[Check("load_state_dict error", error, "contains 'size mismatch for head.weight'")],
     )
 
 

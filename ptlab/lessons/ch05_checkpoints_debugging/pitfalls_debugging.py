@@ -1,12 +1,14 @@
-"""Chapter 5 pitfalls for the troubleshooting clinic: NaN from the data, overfitting, a second device."""
+"""Chapter 5 pitfalls for the troubleshooting clinic: NaN from the data or the init, overfitting, a second device."""
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
 
 from ptlab.claims import Check
+from ptlab.clinic import first_nonfinite
 from ptlab.course.pitfall_record import Outcome, pitfall
 from ptlab.lessons.ch05_checkpoints_debugging.blobs import blob_mlp, blobs, noisy_blobs
 from ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints import _accuracy
@@ -47,6 +49,62 @@ def nan_from_a_poisoned_sample(buggy: bool) -> Outcome:
         figures={"samples used": len(y), "first loss": losses[0], "weight tensors holding NaN": nan_weights},
         checks=[Check("first loss is NaN", losses[0] != losses[0], "is True"),
                 Check("weight tensors holding NaN (of 6)", nan_weights, "== 6")],
+    )
+
+
+def deep_mlp(depth: int = 48, width: int = 256) -> nn.Sequential:
+    """`depth` hidden layers (Linear + ReLU, `width` units) on the blobs' 2 features, then a 3-class head."""
+    layers = [nn.Linear(2, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 3))
+
+
+@pitfall(
+    id="nan-from-init-scale", chapter=5,
+    title="Weights initialised with std 1 overflow a deep MLP: the loss is NaN before the first update",
+    symptom="in a 48-layer ReLU MLP 256 wide, the largest activation passes 1e15 by layer 24, a later "
+            "layer overflows float32, and the first loss is NaN, on clean inputs",
+    why="""With weights of std 1, each Linear + ReLU multiplies the activations' scale by about
+    sqrt(fan_in / 2): 11 at width 256, so 48 layers would reach about 1e50, and float32 ends at 3.4e38.
+    A sum past that is inf, a sum that meets both +inf and -inf is NaN, and the NaN reaches the loss
+    before any weight has been updated. Nothing is wrong with the data or the learning rate: the
+    scale is wrong from the start. Kaiming initialisation (std sqrt(2 / fan_in)) keeps it about
+    constant from layer to layer.""",
+    catch="""For ReLU networks call nn.init.kaiming_normal_(w, nonlinearity='relu') (xavier_normal_ for
+    tanh); a hand-written layer scales torch.randn(fan_in, fan_out) by sqrt(2 / fan_in). PyTorch's
+    default for nn.Linear, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), is scaled by the fan-in too and does not
+    blow up this way. Before training, run one batch and print each layer's largest |activation|: a
+    steady rise per layer is this bug. ptlab.clinic.first_nonfinite(model, X) names the first layer
+    whose output is not finite, which tells the model from the data.""",
+)
+def nan_from_init_scale(buggy: bool) -> Outcome:
+    X, y = blobs(n=16)                                         # clean inputs, each feature of scale ~1
+    torch.manual_seed(0)
+    model = deep_mlp(depth=48, width=256)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            if buggy:
+                nn.init.normal_(layer.weight, std=1.0)          # BUG: std 1 whatever the fan-in
+            else:
+                nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")   # FIX: std sqrt(2 / fan_in)
+            nn.init.zeros_(layer.bias)
+    h, scale = X, []
+    with torch.no_grad():
+        for layer in model:
+            h = layer(h)
+            if isinstance(layer, nn.ReLU):                      # after each hidden layer
+                scale.append(h.abs().amax().log10().item())     # log10 of the largest |activation|
+        loss = nn.functional.cross_entropy(h, y).item()
+    finite = [s for s in scale if math.isfinite(s)]
+    found = first_nonfinite(model, X)
+    return Outcome(
+        figures={"first loss": loss, "growth per hidden layer (layers 1 to 24)": 10 ** ((scale[23] - scale[0]) / 23),
+                 "first_nonfinite blames": f"a {found.module_type} layer" if found else "nothing"},
+        checks=[Check("first loss is NaN", math.isnan(loss), "is True"),
+                Check("log10 of the largest |activation| after hidden layer 24", scale[23], "> 15"),
+                Check("hidden layers with a finite output, of 48", float(len(finite)), "< 48")],
+        series={"log10 of the largest |activation|, finite layers": finite},
     )
 
 
