@@ -8,6 +8,7 @@ already, so a run takes well under a second, except the one that waits for a tim
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -16,21 +17,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
 from ptlab.distributed import run_ranks
-from ptlab.lessons.ch07_ddp.rank_functions import rank_mlp
+from ptlab.lessons.ch07_ddp.rank_functions import (counted_allreduce, paired_validation_set, prototype_classifier,
+                                                    rank_mlp)
 
 
 def _mlp(batchnorm: bool = False) -> nn.Sequential:
     return rank_mlp(batchnorm, hidden=16, activation=nn.ReLU)
 
 
-def _batches(steps: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's own batches: (batch, 8) inputs and (batch,) labels, seeded by the rank."""
-    g = torch.Generator().manual_seed(dist.get_rank())
+def _batches(steps: int, batch: int = 8, rank: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A rank's own batches (this rank's if rank is None): (batch, 8) inputs and (batch,) labels, seeded by the rank."""
+    g = torch.Generator().manual_seed(dist.get_rank() if rank is None else rank)
     return [(torch.randn(batch, 8, generator=g), torch.randint(0, 3, (batch,), generator=g)) for _ in range(steps)]
 
 
@@ -279,3 +281,116 @@ def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
         checks=[Check("rank 0's error", error, "contains 'Expected to have finished reduction in the prior iteration "
                       "before starting a new one'"),
                 Check("the step at which rank 0 raised", ranks[0]["step"], "== 2")])
+
+
+@pitfall(
+    id="ddp-metric-on-rank-zero-only", chapter=7,
+    title="Validation accuracy computed on each rank and printed by rank 0 describes rank 0's shard, not the "
+          "validation set",
+    symptom="rank 0 reports an accuracy over its own 32 of the 64 validation examples, more than 0.1 away from "
+            "the accuracy one process measures over all 64",
+    why="""DistributedSampler deals every rank its own shard of the validation set (indices rank, rank +
+    world_size, ... without shuffling), so the correct predictions one rank counts are those of its shard, and
+    rank 0, the one that prints, prints its shard's accuracy: 1/world_size of the data. Shards drawn at random
+    differ only a little, which is why the mistake goes unnoticed; an ordered set can make them differ a lot.
+    Here each clean example is followed by a noisy copy of it, so rank 0 gets every clean example and rank 1
+    every noisy one. Adding the ranks' counts before dividing is exact; averaging the ranks' accuracies is exact
+    only when the shards have equal sizes. When the size does not divide by the world size, the sampler pads the
+    last round with the first indices (drop_last=False, the default), and the padded examples count twice even
+    after the all-reduce (64 divides by 2 here, so no example is repeated).""",
+    catch="""Count on every rank, then add the counts before dividing: counts = torch.tensor([correct, total]);
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM), on every rank since it is a collective; then rank 0 prints
+    counts[0] / counts[1]. Check that the total equals len(val_set): a larger one means padding was counted
+    (evaluate unpadded slices, or the whole set on rank 0 with model.module while the others wait at a barrier).""",
+)
+def metric_on_rank_zero_only(buggy: bool, in_rank: bool = False):
+    if in_rank:                                            # what each of the 2 ranks runs
+        val_set = TensorDataset(*paired_validation_set())  # 64 examples: clean, its noisy copy, clean, ...
+        sampler = DistributedSampler(val_set, shuffle=False)   # this rank's 32: 64 divides by 2, no padding
+        model = prototype_classifier()                     # the same weights on every rank
+        correct = total = 0
+        with torch.no_grad():
+            for X, y in DataLoader(val_set, batch_size=8, sampler=sampler):
+                correct += (model(X).argmax(1) == y).sum().item()
+                total += len(y)
+        counts = torch.tensor([correct, total])            # this rank's shard: (correct, seen)
+        if buggy:
+            pass                                           # BUG: rank 0 divides its own shard's counts
+        else:
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM)  # FIX: the counts of every rank, added
+        if dist.get_rank() == 0:                           # rank 0 prints accuracy = correct / seen
+            return {"accuracy": (counts[0] / counts[1]).item(), "seen": counts[1].item()}
+        return None
+    # The harness: 2 ranks run the code above; one process then measures the accuracy over the whole set.
+    reported = _checked(run_ranks(metric_on_rank_zero_only, 2, buggy=buggy, in_rank=True), "metric")[0]
+    X, y = paired_validation_set()
+    with torch.no_grad():
+        whole = (prototype_classifier()(X).argmax(1) == y).float().mean().item()
+    return Outcome(
+        figures={"accuracy rank 0 reports": reported["accuracy"], "examples behind it": reported["seen"],
+                 "accuracy over all 64 (one process)": whole},
+        checks=[Check("|rank 0's accuracy - one process's over all 64|", abs(reported["accuracy"] - whole), "> 0.1"),
+                Check("examples behind rank 0's figure (of 64)", reported["seen"], "== 32")])
+
+
+@pitfall(
+    id="ddp-accumulation-without-no-sync", chapter=7,
+    title="Gradient accumulation under DDP without no_sync(): every micro-batch's backward all-reduces",
+    symptom="accumulating 4 micro-batches per optimizer step, DDP all-reduces the model's one gradient bucket "
+            "4 times per step (once with no_sync)",
+    why="""DDP hooks into backward: as soon as every gradient in a bucket is ready, it all-reduces the bucket
+    (averages it over the ranks). It cannot know that another backward will add to .grad before the optimizer
+    steps, so each of the k backwards of an accumulation all-reduces: k times the communication of one step.
+    Nothing else shows it: the all-reduce averages what .grad holds, and averaging after each micro-batch then
+    adding gives the same gradient as adding first and averaging once, up to float rounding. Inside
+    `with model.no_sync():` DDP skips the all-reduce and .grad accumulates on each rank alone; the first
+    backward outside it all-reduces the sum. The forward must run inside no_sync() too: DDP prepares the
+    reduction of the coming backward in forward. The hook here is called once per bucket and backward; the
+    model's 195 floats (780 bytes) make a single bucket (buckets hold up to 25 MiB by default, bucket_cap_mb),
+    so one call is one all-reduce of every gradient. A large model has many buckets, each all-reduced k times.""",
+    catch="""Run the forward and backward of the first k-1 micro-batches under `with model.no_sync():` and the
+    last one outside it, then step. To see what DDP sends, register a communication hook that counts each
+    call and then calls torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook (DDP's
+    default, the mean), as this reproduction does.""",
+)
+def accumulation_without_no_sync(buggy: bool, in_rank: bool = False, k: int = 4, steps: int = 3):
+    if in_rank:                                            # what each of the 2 ranks runs
+        model = DDP(_mlp())                                # 195 floats: one gradient bucket
+        calls = []
+        model.register_comm_hook(calls, counted_allreduce)  # records each bucket all-reduce, then runs it
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = _batches(steps * k)                      # this rank's micro-batches of 8
+        for step in range(steps):
+            for i, (X, y) in enumerate(batches[step * k:(step + 1) * k]):
+                if buggy:
+                    sync = contextlib.nullcontext()        # BUG: every backward all-reduces
+                else:
+                    sync = model.no_sync() if i < k - 1 else contextlib.nullcontext()   # FIX: the last only
+                with sync:                                 # forward and backward inside
+                    (nn.functional.cross_entropy(model(X), y) / k).backward()   # adds to .grad
+            optimizer.step()
+            optimizer.zero_grad()
+        return {"calls": calls, "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
+    # The harness: 2 ranks run the code above; one process then accumulates both ranks' micro-batches alone.
+    ranks = _checked(run_ranks(accumulation_without_no_sync, 2, buggy=buggy, in_rank=True, k=k, steps=steps),
+                     "accumulation")
+    calls = ranks[0]["calls"]
+    with torch.random.fork_rng(devices=[]):                # _mlp() seeds; the caller's generator is left as it was
+        alone = _mlp()
+    optimizer = torch.optim.SGD(alone.parameters(), lr=0.1)
+    batches = [_batches(steps * k, rank=r) for r in range(2)]
+    for step in range(steps):
+        for X, y in (b for rank_batches in batches for b in rank_batches[step * k:(step + 1) * k]):
+            (nn.functional.cross_entropy(alone(X), y) / (2 * k)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    weights = torch.cat([p.detach().flatten() for p in alone.parameters()])
+    per_step = len(calls) // steps if len(calls) % steps == 0 else len(calls) / steps
+    return Outcome(
+        figures={"all-reduces per optimizer step": per_step,
+                 "gradient buckets": len({index for index, _ in calls}),
+                 "floats all-reduced per optimizer step": sum(n for _, n in calls) // steps,
+                 "the 2 ranks end with identical weights": torch.equal(ranks[0]["weights"], ranks[1]["weights"]),
+                 "largest |weight - one process's|": (ranks[0]["weights"] - weights).abs().max().item()},
+        checks=[Check(f"bucket all-reduces in {steps} optimizer steps of {k} micro-batches", len(calls),
+                      f"== {steps * k}")])

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -183,3 +184,36 @@ def extra_forward_on_rank_zero(batchnorm: bool, grad: bool = True, steps: int = 
                 model(X[:2])                               # rank 0 only: an extra forward through DDP
     dist.barrier()
     return steps
+
+
+def paired_validation_set(pairs: int = 32, noise: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2 * pairs, 8) inputs and their labels in 0..2: each clean example is followed by a noisy copy of it.
+
+    A clean example is 3 times its class's one-hot vector plus a little noise; its copy adds Gaussian noise of
+    standard deviation `noise`. With shuffle=False, DistributedSampler deals the clean ones (even indices) to
+    rank 0 and the noisy copies to rank 1.
+    """
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (pairs,), generator=g)                              # (pairs,)
+    clean = 3 * nn.functional.one_hot(y, 8).float() + 0.3 * torch.randn(pairs, 8, generator=g)   # (pairs, 8)
+    noisy = clean + noise * torch.randn(pairs, 8, generator=g)
+    return torch.stack([clean, noisy], dim=1).reshape(-1, 8), y.repeat_interleave(2)   # clean 0, noisy 0, clean 1, ...
+
+
+def prototype_classifier() -> nn.Linear:
+    """(B, 8) -> (B, 3) logits: class c scores feature c (weights set by hand; no random number is drawn)."""
+    model = nn.utils.skip_init(nn.Linear, 8, 3)           # no random initialisation to overwrite
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(3, 8))
+        model.bias.zero_()
+    return model
+
+
+def counted_allreduce(calls: list, bucket):
+    """A DDP communication hook: record (bucket index, floats in it), then all-reduce it as DDP does by default.
+
+    `bucket` is a dist.GradBucket and the result a torch.futures.Future[torch.Tensor], left unannotated:
+    register_comm_hook refuses annotations other than those very objects, and this module's are strings.
+    """
+    calls.append((bucket.index(), bucket.buffer().numel()))
+    return allreduce_hook(None, bucket)                    # the mean over the ranks, as without a hook
