@@ -279,7 +279,8 @@ DISABLED_WARNING = "torch.cuda.amp.GradScaler is enabled, but CUDA is not availa
     gradients round to 0, as in the fp16-without-scaler pitfall. On a machine with CUDA the same line makes an
     enabled scaler, and by torch 2.14's source (read, not run here: this course runs on the CPU) it scales a CPU
     loss correctly too, because it makes its scale tensor on the device of the first tensor it scales. So the bug
-    stays hidden on a GPU machine and shows on a CPU-only one: a laptop, a CI runner. This reproduction needs that
+    stays hidden where torch sees CUDA (an NVIDIA or ROCm GPU) and shows everywhere else: a CPU-only laptop or
+    CI runner, an Apple-silicon Mac, an Intel GPU. This reproduction needs that
     condition: where torch sees CUDA, it reruns itself in a child Python started with `CUDA_VISIBLE_DEVICES=""`,
     in which torch sees none (the figure "CUDA available where it ran" says so).""",
     catch="""Pass the device you train on: `torch.amp.GradScaler("cpu")`, or `torch.amp.GradScaler(device.type)`
@@ -415,8 +416,9 @@ def _exact_if_not_finite(value: float) -> float | str:
     40, and a query's score with its own document sums 128 products of about 40 x 40, some 2e5. `cross_entropy`
     runs in float32 under autocast, but the inf is already in its input, and the log-softmax of a row holding
     +inf computes inf - inf = NaN. A GradScaler does not help: it scales the backward pass, not the forward. The
-    same holds for any float16 value that reaches 65520: a large logit, a sum of squares of a float16
-    activation, an exp of more than about 11.1. Switching autocast off is not enough on its own: `q` and `d`
+    same holds for any float16 value that reaches 65520: a large logit; and on the CPU, whose autocast leaves
+    exp, pow and sum in their input's dtype, also a sum of squares of a float16 activation or an exp of more
+    than about 11.1 (CUDA's autocast runs those three in float32). Switching autocast off is not enough on its own: `q` and `d`
     are already float16, and a matmul of float16 tensors outside autocast is float16 too, so the fix casts them.""",
     catch="""Run the region that makes large values in float32: `with torch.autocast(device_type, enabled=False):`
     and cast its inputs with `.float()`; or autocast to bfloat16, which has float32's range; or keep the values
@@ -432,7 +434,7 @@ def fp16_forward_overflow(buggy: bool) -> Outcome:
     with torch.autocast("cpu", dtype=torch.float16):
         q, d = encode(queries), encode(docs)               # (64, 128) float16 each, entries around 40
         if buggy:
-            scores = q @ d.T                               # BUG: float16 matmul: scores above 65504 are inf
+            scores = q @ d.T                               # BUG: float16 matmul: scores of 65520 or more are inf
         else:
             with torch.autocast("cpu", enabled=False):     # FIX: this region in float32...
                 scores = q.float() @ d.float().T           # FIX: ...on float32 inputs (q and d are float16)

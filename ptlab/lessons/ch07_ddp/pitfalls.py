@@ -291,14 +291,15 @@ def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
             "the accuracy one process measures over all 64",
     why="""DistributedSampler deals every rank its own shard of the validation set (indices rank, rank +
     world_size, ... without shuffling), so the correct predictions one rank counts are those of its shard, and
-    rank 0, the one that prints, prints its shard's accuracy: 1/world_size of the data. Shards drawn at random
-    differ only a little, which is why the mistake goes unnoticed; an ordered set can make them differ a lot.
+    rank 0, the one that prints, prints its shard's accuracy: 1/world_size of the data. Shards of a shuffled set
+    often differ little, which is why the mistake goes unnoticed; an ordered set can make them differ a lot.
     Here each clean example is followed by a noisy copy of it, so rank 0 gets every clean example and rank 1
     every noisy one. Adding the ranks' counts before dividing is exact; averaging the ranks' accuracies is exact
     only when the shards have equal sizes. When the size does not divide by the world size, the sampler pads the
-    last round with the first indices (drop_last=False, the default), and the padded examples count twice even
-    after the all-reduce (64 divides by 2 here, so no example is repeated).""",
-    catch="""Count on every rank, then add the counts before dividing: counts = torch.tensor([correct, total]);
+    last round with the first indices (drop_last=False, the default), and the padded examples count at least twice
+    even after the all-reduce (64 divides by 2 here, so no example is repeated).""",
+    catch="""Count on every rank, then add the counts before dividing: counts = torch.tensor([correct, total], device=device)
+    (on the rank's GPU under nccl);
     dist.all_reduce(counts, op=dist.ReduceOp.SUM), on every rank since it is a collective; then rank 0 prints
     counts[0] / counts[1]. Check that the total equals len(val_set): a larger one means padding was counted
     (evaluate unpadded slices, or the whole set on rank 0 with model.module while the others wait at a barrier).""",
@@ -345,8 +346,8 @@ def metric_on_rank_zero_only(buggy: bool, in_rank: bool = False):
     adding gives the same gradient as adding first and averaging once, up to float rounding. Inside
     `with model.no_sync():` DDP skips the all-reduce and .grad accumulates on each rank alone; the first
     backward outside it all-reduces the sum. The forward must run inside no_sync() too: DDP prepares the
-    reduction of the coming backward in forward. The hook here is called once per bucket and backward; the
-    model's 195 floats (780 bytes) make a single bucket (buckets hold up to 25 MiB by default, bucket_cap_mb),
+    reduction of the coming backward in forward. The hook here is called once per bucket and synchronising backward (never under no_sync); the
+    model's 195 floats (780 bytes) make a single bucket (buckets hold up to 25 MiB by default, bucket_cap_mb; the first up to 1 MiB),
     so one call is one all-reduce of every gradient. A large model has many buckets, each all-reduced k times.""",
     catch="""Run the forward and backward of the first k-1 micro-batches under `with model.no_sync():` and the
     last one outside it, then step. To see what DDP sends, register a communication hook that counts each
