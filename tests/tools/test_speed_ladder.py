@@ -54,7 +54,7 @@ def _epoch(setup, images, labels):
     return torch.cat([X for X, _ in batches]), torch.cat([y for _, y in batches])
 
 
-def test_both_ways_of_loading_give_the_same_normalised_images_in_an_epoch():
+def test_both_ways_of_loading_give_the_same_labels_and_per_image_pixel_sums_in_an_epoch():
     """The loading rung changes how batches are made, not what they hold."""
     images, labels = (t[:64] for t in uint8_split(train=True))
     per_item = _epoch(Setup(8), images, labels)
@@ -67,7 +67,7 @@ def test_both_ways_of_loading_give_the_same_normalised_images_in_an_epoch():
     assert not torch.equal(per_item[1], labels)                  # shuffled
 
 
-def test_a_training_step_learns_in_every_setup_without_compiling():
+def test_a_training_step_updates_every_parameter_in_every_setup_without_compiling():
     images, labels = (t[:32] for t in uint8_split(train=True))
     for setup in (Setup(8), Setup(8, channels_last=True, fused=True, preloaded=True), Setup(8, bf16=True)):
         torch.manual_seed(0)
@@ -148,7 +148,7 @@ def test_the_naive_rungs_adamw_defaults_to_the_per_parameter_loop_on_the_cpu():
 
 
 def test_make_bench_prints_the_ladder_after_the_mixed_precision_table_and_the_thread_pool_last(monkeypatch, capsys):
-    """Only the wiring: the two reports and the watch line stand in for the real ones (each tested on its own)."""
+    """Only the wiring: the three reports and the watch line stand in for the real ones (each tested on its own)."""
     from ptlab.course import nbrun
 
     monkeypatch.setattr(nbrun, "notebook_paths", lambda paths: [])
