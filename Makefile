@@ -45,7 +45,7 @@ setup: check-setup $(READY)
 
 # JupyterLab refuses to run as root without --allow-root (Docker, CI); a normal user never needs it.
 # OMP_WAIT_POLICY=PASSIVE (kernels inherit it): torch's idle OpenMP threads sleep instead of spinning, which on a
-# laptop busy with other programs keeps a step from waiting on a thread that lost its core (README, Performance).
+# laptop busy with other programs makes a step wait less for a thread that lost its core (README).
 # Set OMP_WAIT_POLICY yourself to override it.
 OMP_WAIT_POLICY ?= PASSIVE
 lab: check-setup $(READY)

@@ -41,7 +41,8 @@ def available_cores() -> int:
 def start_busy_process(seconds: float = _SPIN_MAX_S) -> subprocess.Popen:
     """Start one process that spins in pure Python (one core's worth of load); returns once it spins.
 
-    It stops by itself after `seconds` or when this process exits; stop it sooner with stop_busy_process."""
+    It stops by itself after `seconds`, or (on Linux and macOS, where a child sees its parent change) when this
+    process exits; stop it sooner with stop_busy_process."""
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
         raise ValueError(f"seconds must be a positive number, got {seconds!r}")
     proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(float(seconds))], stdout=subprocess.PIPE, text=True)
@@ -183,9 +184,12 @@ def thread_report(batch_size: int = 32, **kwargs) -> list[str]:
     unset and PASSIVE, quiet and beside one busy process, with the ratios. Information only: any failure
     gives one 'skipped' line."""
     try:
-        results = thread_pool_comparison(batch_size=batch_size, **kwargs)
+        return _report_lines(thread_pool_comparison(batch_size=batch_size, **kwargs), batch_size)
     except Exception as err:  # information, not a verdict: say why it is missing
         return [f"thread-pool step times skipped: {type(err).__name__}: {err}"]
+
+
+def _report_lines(results: list, batch_size: int) -> list[str]:
     base = results[0].median("quiet")
     lines = [f"Torch's thread pool (chapter 3): SmallCNN training step, batch {batch_size}, median ms "
              f"({available_cores()} cores available; 'busy': one other process spins on one core)",

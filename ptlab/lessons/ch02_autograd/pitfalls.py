@@ -1,5 +1,7 @@
-"""Chapter 2 pitfalls: autograd, detach, no_grad vs eval, in-place edits, gradient accumulation and size."""
+"""Chapter 2 pitfalls: autograd, leaves, detach, in-place edits, gradient accumulation and size."""
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -377,41 +379,53 @@ def running_loss_keeps_graph(buggy: bool) -> Outcome:
 
 
 @pitfall(
-    id="eval-is-not-no-grad", chapter=2,
-    title="model.eval() does not stop autograd: a validation pass in eval mode still records the graph",
-    symptom="after model.eval() alone, a validation batch's predictions have requires_grad True and autograd "
-            "saves over 100,000 bytes of activations for a backward that never comes",
-    why="""`model.eval()` and `torch.no_grad()` do separate jobs. `eval()` sets `training = False` on every
-    submodule, which changes what some layers compute: Dropout passes its input through, BatchNorm
-    normalises with its running statistics and stops updating them. It says nothing to autograd: the
-    parameters still require grad, so every forward records a graph and saves the activations its
-    backward would need, for a backward that never comes. That costs memory (the activations live as long
-    as the outputs do; `python -m ptlab pitfalls run eval-without-no-grad` shows them piling up when
-    the outputs are kept). The predictions are the same either way. The reverse holds too:
-    `no_grad()` alone leaves Dropout dropping and BatchNorm on batch statistics.""",
-    catch="""Evaluate with both: `model.eval()` and `with torch.no_grad():` (or `torch.inference_mode()`),
-    and `model.train()` afterwards. Assert `not preds.requires_grad` in your validation loop, or count what
-    autograd saves with `ptlab.memory.saved_tensor_bytes`: in a validation pass it must be 0.""",
+    id="cast-after-requires-grad", chapter=2,
+    title="A weight cast or moved after requires_grad=True is not a leaf: it gets no .grad, and the optimizer refuses it",
+    symptom="w = torch.zeros(4, 1, requires_grad=True).to(torch.float64) is not a leaf: after backward its .grad is "
+            "None, and torch.optim.SGD([w]) raises ValueError: can't optimize a non-leaf Tensor",
+    why="""`requires_grad=True` makes a leaf: a tensor autograd fills `.grad` for. `.to(torch.float64)` (or
+    `.to(device)`, `.cuda()`, `.double()`) on it is an operation like any other: it returns a new tensor,
+    computed from the leaf and recorded in the graph (`grad_fn` ToCopyBackward0). The variable now names that
+    result, which is not a leaf, so backward passes through it to the original float32 tensor, which nothing
+    refers to any more. Reading `w.grad` gives None with a UserWarning; a hand-written update `w -= lr * w.grad`
+    fails on None; `torch.optim` refuses the tensor outright.""",
+    catch="""Create the tensor where and how it will live: `torch.zeros(4, 1, dtype=torch.float64,
+    device=device, requires_grad=True)`, or cast first and then call `.requires_grad_()`. Parameters inside an
+    `nn.Module` do not have this problem: `module.to(...)` converts them in place and they stay leaves.
+    Assert `w.is_leaf` right after creating a weight by hand.""",
 )
-def eval_is_not_no_grad(buggy: bool) -> Outcome:
-    X, y = _regression_batch(n=256)                        # one validation batch: X (256, 4), y (256, 1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Dropout(0.2), nn.Linear(256, 1))
-    model.eval()                                           # Dropout off, BatchNorm on running statistics
-    not_activations = [X, y, *model.parameters(), *model.buffers()]
-    with SavedTensors(exclude=not_activations) as saved:   # records what autograd saves for backward
-        if buggy:
-            preds = model(X)                               # BUG: eval() alone: the graph is recorded
-        else:
-            with torch.no_grad():                          # FIX: no graph, nothing saved
-                preds = model(X)
-        val_loss = nn.functional.mse_loss(preds, y).item()
+def cast_after_requires_grad(buggy: bool) -> Outcome:
+    X, y = _regression_batch(n=64)                         # X (64, 4), y (64, 1), float32
+    X, y = X.double(), y.double()
+    if buggy:
+        w = torch.zeros(4, 1, requires_grad=True).to(torch.float64)   # BUG: the cast's result, not the leaf
+    else:
+        w = torch.zeros(4, 1, dtype=torch.float64, requires_grad=True)  # FIX: created as a float64 leaf
+    first_loss = nn.functional.mse_loss(X @ w, y)
+    first_loss.backward()
+    with warnings.catch_warnings(record=True) as caught:   # reading a non-leaf's .grad warns
+        warnings.simplefilter("always")
+        grad_is_none = w.grad is None
+    try:
+        opt = torch.optim.SGD([w], lr=0.1)
+        error = "none"
+    except ValueError as err:
+        error = f"ValueError: {err}"
+    last_loss = "not trained: the optimizer refused w"
+    if error == "none":
+        for _ in range(50):                                # 50 plain SGD steps on the one batch
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(X @ w, y)
+            loss.backward()
+            opt.step()
+        last_loss = loss.item()
     return Outcome(
-        figures={"validation loss": val_loss, "preds.requires_grad": preds.requires_grad,
-                 "preds.grad_fn": preds.grad_fn.name() if preds.grad_fn else "None",
-                 "bytes of activations saved for backward": saved.bytes},
-        checks=[Check("preds.requires_grad", preds.requires_grad, "is True"),
-                Check("bytes of activations saved for backward", saved.bytes, "> 1e5")],
+        figures={"w.is_leaf": w.is_leaf, "w.grad_fn": w.grad_fn.name() if w.grad_fn else "None",
+                 "w.grad is None after backward": grad_is_none, "warnings when reading w.grad": len(caught),
+                 "torch.optim.SGD([w])": error, "loss at the start": first_loss.item(),
+                 "loss after 50 SGD steps": last_loss},
+        checks=[Check("w.grad is None after backward", grad_is_none, "is True"),
+                Check("torch.optim.SGD([w])", error, "contains \"can't optimize a non-leaf Tensor\"")],
     )
 
 

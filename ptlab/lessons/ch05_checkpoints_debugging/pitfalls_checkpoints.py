@@ -153,7 +153,7 @@ def _classifier(n_classes: int) -> nn.Sequential:
 )
 def new_head_size_mismatch(buggy: bool) -> Outcome:
     torch.manual_seed(0)
-    checkpoint = _classifier(n_classes=10).state_dict()        # trained elsewhere, on a 10-class task
+    checkpoint = _classifier(n_classes=10).state_dict()        # stands in for a checkpoint of a 10-class task
     torch.manual_seed(1)
     model = _classifier(n_classes=3)                            # the same body, a new 3-class head
     loaded, skipped = "-", "-"
