@@ -237,8 +237,9 @@ class ResidualBlock(nn.Module):
     torchvision's ResNet adds in place onto BatchNorm's output, which BatchNorm's backward does not need,
     then applies ReLU.""",
     catch="""Write residuals out of place: `out = out + identity`. Keep an in-place op (`+=`, `add_`,
-    `relu_`, `nn.ReLU(inplace=True)`) only on a tensor no backward needs (neither the op that made it nor
-    any op that read it since saved it), and test one backward through the module after any such change.
+    `relu_`, `nn.ReLU(inplace=True)`) only on a tensor no backward needs: neither the op that made it nor
+    any later op that read it may have saved it (or a view of it) for backward. Test one backward through
+    the module after any such change; `ptlab.diagnose.diagnose_gradients` names the in-place op too.
     When the error names a producer inside a module, look for an in-place write after it in that
     module's forward.""",
 )
