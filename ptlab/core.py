@@ -1,9 +1,10 @@
-"""Device choice and seeding: set once, in plain view, at the top of every notebook."""
+"""Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a child Python."""
 from __future__ import annotations
 
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -61,3 +62,17 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+# The folder holding this ptlab package (a checkout's root, or site-packages).
+PTLAB_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+def env_importing_this_ptlab(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of `env` (default: this process's environment) whose PYTHONPATH starts with PTLAB_ROOT, so a child
+    Python imports this ptlab, not one pip installed elsewhere. A `python -c` child still puts its working
+    directory first: such a child inserts PTLAB_ROOT at the front of sys.path itself."""
+    env = dict(os.environ if env is None else env)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([PTLAB_ROOT, *paths])
+    return env

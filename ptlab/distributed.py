@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ._legacy import moved
+from .core import env_importing_this_ptlab
 
 START_METHODS = ("forkserver", "spawn")
 _SIGKILL = getattr(signal, "SIGKILL", 9)     # Windows' signal module has no SIGKILL
@@ -384,9 +385,7 @@ def run_torchrun(target: list[str], nproc: int = 2, *, timeout_s: float = 120.0,
 def _torchrun_once(target: list[str], nproc: int, timeout_s: float, cwd: str | Path | None,
                    env: dict[str, str] | None, threads: int) -> LaunchResult:
     command = torchrun_command(target, nproc)
-    environment = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
-    root = str(Path(__file__).resolve().parent.parent)          # ptlab importable from any cwd
-    environment["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [environment.get("PYTHONPATH")])])
+    environment = env_importing_this_ptlab({**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})})
     if cwd is not None:
         Path(cwd).mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .core import PTLAB_ROOT, env_importing_this_ptlab
 from .data import to_float_tensors
 from .models import SmallCNN
 
@@ -143,12 +143,11 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if wait_policy is not None:
         env["OMP_WAIT_POLICY"] = wait_policy
-    root = str(Path(__file__).resolve().parents[1])            # the child imports this ptlab
-    env["PYTHONPATH"] = os.pathsep.join([root, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    env = env_importing_this_ptlab(env)
     spec = json.dumps({"threads": threads, "loads": loads * rounds,
                        "steps": steps, "batch_size": batch_size, "width": width, "warmup": warmup})
     # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
-    code = f"import sys; sys.path.insert(0, {root!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
+    code = f"import sys; sys.path.insert(0, {PTLAB_ROOT!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
     run = subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True,
                          timeout=timeout_s)
     if run.returncode != 0:

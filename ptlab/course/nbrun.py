@@ -12,6 +12,7 @@ import nbformat
 import psutil
 
 from ptlab.amp import speed_report
+from ptlab.core import env_importing_this_ptlab
 from ptlab.speed_ladder import ladder_report
 from ptlab.thread_pool import thread_report
 from ptlab.watch import overhead_line
@@ -177,10 +178,7 @@ def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     PYTHONPATH starts with the folder this ptlab is in, so the kernel imports the ptlab that runs it (a
     kernel starts in the notebook's folder, where `import ptlab` would find the one pip installed, which
     in a second checkout of the repository is another one)."""
-    env = {**os.environ, **KERNEL_ENV, **(extra or {})}
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), *paths])
-    return env
+    return env_importing_this_ptlab({**os.environ, **KERNEL_ENV, **(extra or {})})
 
 
 def run_notebook(path: Path, write: bool = False, env: dict[str, str] | None = None) -> NotebookRun:

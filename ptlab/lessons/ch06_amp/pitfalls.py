@@ -6,7 +6,6 @@ float32's range and needs none), and float16 autocast runs on the CPU too.
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import re
 import subprocess
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from ptlab.claims import Check
+from ptlab.core import PTLAB_ROOT, env_importing_this_ptlab
 from ptlab.course.pitfall_record import Outcome, pitfall
 
 
@@ -236,6 +236,7 @@ def fp16_without_scaler(buggy: bool) -> Outcome:
 
 _RERUN_SCRIPT = """
 import pickle, sys
+sys.path.insert(0, {root!r})                 # before the working directory `-c` puts first
 import torch
 if torch.cuda.is_available():
     sys.exit("CUDA_VISIBLE_DEVICES='' did not hide CUDA from torch")
@@ -247,10 +248,9 @@ with open(sys.argv[1], "wb") as out:
 
 def _rerun_without_cuda(reproduce, buggy: bool) -> Outcome:
     """reproduce(buggy) run in a fresh Python whose torch sees no CUDA device, as on a CPU-only machine."""
-    root = str(Path(__file__).resolve().parents[3])                 # the folder holding this ptlab: the child imports it
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    code = _RERUN_SCRIPT.format(module=reproduce.__module__, name=reproduce.__name__, buggy=bool(buggy))
+    env = {**env_importing_this_ptlab(), "CUDA_VISIBLE_DEVICES": ""}
+    code = _RERUN_SCRIPT.format(root=PTLAB_ROOT, module=reproduce.__module__, name=reproduce.__name__,
+                                buggy=bool(buggy))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "outcome.pickle"
         run = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True,
