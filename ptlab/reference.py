@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import data
-from .data import CLASSES, normalize_uint8, uint8_split
+from .data import CLASSES, augment_batch, normalize_uint8, uint8_split
 from .loop import model_device
 from .models import SmallCNN
 
@@ -47,20 +47,6 @@ class WeightsError(RuntimeError):
 
 
 # ---------------------------------------------------------------- batches and accuracy
-def augment_batch(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """RandomCrop(32, padding=4) and a horizontal flip, drawn per image, on a uint8 batch (B, 3, 32, 32)."""
-    B, _, H, W = images.shape
-    padded = F.pad(images, (4, 4, 4, 4))                                  # (B, 3, H+8, W+8), black border
-    top = torch.randint(0, 9, (B,), generator=generator)
-    left = torch.randint(0, 9, (B,), generator=generator)
-    rows = (top[:, None] + torch.arange(H))[:, :, None]                   # (B, H, 1)
-    cols = (left[:, None] + torch.arange(W))[:, None, :]                  # (B, 1, W)
-    crops = padded[torch.arange(B)[:, None, None], :, rows, cols]         # (B, H, W, 3)
-    crops = crops.permute(0, 3, 1, 2)                                     # (B, 3, H, W)
-    flip = torch.rand(B, generator=generator) < 0.5
-    return torch.where(flip[:, None, None, None], crops.flip(-1), crops)
-
-
 def batch_stream(seed: int = 0, augment: bool = False, indices: Sequence[int] | torch.Tensor | None = None,
                  batch_size: int = BATCH) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless normalised training batches (X (B, 3, 32, 32), y (B,)) drawn with replacement by a seeded generator,

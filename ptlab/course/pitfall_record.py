@@ -61,6 +61,9 @@ class Pitfall:
     why: str
     catch: str
     reproduce: Callable[[bool], Outcome]
+    # The reproduction only starts other processes and reads what they did: nothing of this process's torch
+    # state is used, so compare_pitfall may run the buggy and the fixed way at the same time.
+    in_subprocesses: bool = False
 
     def run(self, buggy: bool = True) -> Outcome:
         """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured.
@@ -117,8 +120,8 @@ def _marker(line: str) -> str | None:
     return None
 
 
-def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str):
-    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record."""
+def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str, in_subprocesses: bool = False):
+    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record (in_subprocesses: see Pitfall)."""
 
     def register(fn: Callable[[bool], Outcome]) -> Callable[[bool], Outcome]:
         if not _ID_PATTERN.match(id):
@@ -126,7 +129,8 @@ def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch:
         refuse_second_id(_REGISTRY, "pitfall", id, fn, lambda p: p.reproduce)
         if "buggy" not in inspect.signature(fn).parameters:
             raise TypeError(f"pitfall {id!r}: the reproduction must take a `buggy` argument")
-        record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn)
+        record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn,
+                         bool(in_subprocesses))
         markers = {m for _, m in record.marked_lines()}
         if not {"BUG", "FIX"} <= markers:
             raise ValueError(f"pitfall {id!r}: mark the differing lines with '# BUG' and '# FIX' comments")

@@ -93,7 +93,14 @@ def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
     """
     record = get_pitfall(pitfall_id)
     print(record.id, flush=True)          # the table's first line, shown at once: both runs can take seconds
-    comparison = PitfallComparison(record, record.run(buggy=True), record.run(buggy=False))
+    if record.in_subprocesses:            # both ways at once: each only waits for its own processes
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            buggy, fixed = pool.map(lambda bug: record.run(buggy=bug), (True, False))
+    else:
+        buggy, fixed = record.run(buggy=True), record.run(buggy=False)
+    comparison = PitfallComparison(record, buggy, fixed)
     print(comparison.table().split("\n", 1)[1])
     for check in comparison.buggy.checks:
         claim(f"bug on: {check.line()}", check.holds)

@@ -96,3 +96,32 @@ def test_running_a_pitfall_leaves_the_callers_random_state_alone():
     for record in all_pitfalls(chapter=1):
         record.run(buggy=True)
     assert draws() == expected
+
+
+def _sleeping_record(in_subprocesses: bool):
+    import time
+
+    from ptlab.course.pitfall_record import Pitfall
+
+    spans = []
+
+    def reproduce(buggy: bool) -> Outcome:
+        start = time.perf_counter()
+        time.sleep(0.4)                      # stands in for waiting on a child process
+        spans.append((start, time.perf_counter()))
+        return Outcome(figures={}, checks=[Check("bug", buggy, "is True")])
+
+    return Pitfall("sleeper", 0, "t", "s", "w", "c", reproduce, in_subprocesses), spans
+
+
+@pytest.mark.parametrize("in_subprocesses", [True, False])
+def test_compare_runs_both_ways_at_once_only_for_subprocess_reproductions(monkeypatch, in_subprocesses):
+    from ptlab.course import pitfalls as registry
+
+    record, spans = _sleeping_record(in_subprocesses)
+    monkeypatch.setattr(registry, "get_pitfall", lambda _id: record)
+    comparison = registry.compare_pitfall("sleeper")
+    assert comparison.buggy.broken and not comparison.fixed.broken        # buggy first, fixed second, either way
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    overlapped = b_start < a_end
+    assert overlapped == in_subprocesses

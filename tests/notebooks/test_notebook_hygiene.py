@@ -43,30 +43,50 @@ def test_most_cells_are_output_checked(path):
                               "compares (need 80%; a widget view or a figure alone does not count)")
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
-def test_every_pitfall_of_the_chapter_has_its_widget_and_check(path):
-    source = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
-    for record in all_pitfalls(chapter=chapter_of(path)):
-        assert f'show_pitfall("{record.id}")' in source, f"{path.name} has no widget for {record.id}"
-        assert f'compare_pitfall("{record.id}"' in source, f"{path.name} never runs {record.id} both ways"
+def chapter_notebooks() -> dict[int, list[Path]]:
+    """Each chapter's notebooks: one, or parts named NN_<slug> that share the chapter number (chapter 4 has two)."""
+    chapters: dict[int, list[Path]] = {}
+    for path in CHAPTERS:
+        chapters.setdefault(chapter_of(path), []).append(path)
+    return chapters
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
-def test_every_exercise_is_posed_and_solved(path):
-    chapter = chapter_of(path)
+def _code(path: Path) -> str:
+    return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("chapter", sorted(chapter_notebooks()), ids=lambda n: f"ch{n}")
+def test_every_pitfall_of_the_chapter_has_its_widget_and_check(chapter):
+    paths = chapter_notebooks()[chapter]
+    source = "\n".join(_code(p) for p in paths)
+    names = " or ".join(p.name for p in paths)
+    for record in all_pitfalls(chapter=chapter):
+        assert f'show_pitfall("{record.id}")' in source, f"{names} has no widget for {record.id}"
+        assert f'compare_pitfall("{record.id}"' in source, f"{names} never runs {record.id} both ways"
+
+
+@pytest.mark.parametrize("chapter", sorted(chapter_notebooks()), ids=lambda n: f"ch{n}")
+def test_every_exercise_is_posed_and_solved(chapter):
+    paths = chapter_notebooks()[chapter]
     exercises = all_exercises(chapter=chapter)
     assert len(exercises) >= 2, f"chapter {chapter} needs at least 2 exercises"
-    posed = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    posing = {p: _code(p) for p in paths}
     for ex in exercises:
-        assert f'check("{ex.id}"' in posed, f"{path.name} does not pose {ex.id}"
-    solution_path = path.parent / "solutions" / path.name
-    if not (path.parent / "solutions").exists():
+        assert any(f'check("{ex.id}"' in code for code in posing.values()), \
+            f"{' or '.join(p.name for p in paths)} does not pose {ex.id}"
+    solutions = paths[0].parent / "solutions"
+    if not solutions.exists():
         pytest.skip("no notebooks/solutions/ (a workshop handout): the solutions are checked in the full course")
-    assert solution_path.exists(), f"{solution_path.name} is missing from notebooks/solutions/"
-    solved = "\n".join(c.source for c in nbformat.read(solution_path, as_version=4).cells if c.cell_type == "code")
-    for ex in exercises:
-        pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
-        assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
+    for path, code in posing.items():
+        posed_here = [ex for ex in exercises if f'check("{ex.id}"' in code]
+        if not posed_here:
+            continue
+        solution_path = solutions / path.name
+        assert solution_path.exists(), f"{solution_path.name} is missing from notebooks/solutions/"
+        solved = _code(solution_path)
+        for ex in posed_here:
+            pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
+            assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
 
 
 def _run_nbval(tmp_path, cells, extra_files=None):

@@ -220,3 +220,35 @@ def test_train_val_split_rejects_bad_input():
         train_val_split([0, 1], val_fraction=1.0)
     with pytest.raises(ValueError, match="too few"):
         train_val_split([0, 0, 1], val_fraction=0.4)
+
+
+def test_crops_and_flips_are_the_162_images_v2_can_draw() -> None:
+    from torchvision.transforms.v2 import functional as TF
+
+    image = EmbeddedImages(True)._images[3]
+    padded = TF.pad(image, [4])
+    v2_crops = [TF.crop(padded, top, left, 32, 32) for top in range(9) for left in range(9)]
+    assert all(torch.equal(a, b) for a, b in zip(data.crops_and_flips(image), v2_crops + [TF.horizontal_flip(c) for c in v2_crops]))
+    assert len(data.crops_and_flips(image)) == 162
+    with pytest.raises(ValueError, match="32, 32"):
+        data.crops_and_flips(torch.zeros(3, 28, 28))
+
+
+def test_augment_batch_draws_exactly_the_crops_and_flips_v2_can_draw() -> None:
+    images = EmbeddedImages(True)._images[:24]
+    out = data.augment_batch(images, torch.Generator().manual_seed(1))
+    for source, augmented in zip(images, out):
+        assert any(torch.equal(augmented, c) for c in data.crops_and_flips(source))
+    assert len({tuple(o.flatten()[:64].tolist()) for o in out}) > 1      # not one draw for the whole batch
+
+
+def test_augment_collate_gives_normalised_augmented_batches_and_refuses_floats() -> None:
+    dataset = EmbeddedImages(True)
+    torch.manual_seed(0)
+    X, y = next(iter(DataLoader(dataset, batch_size=8, collate_fn=data.augment_collate)))
+    assert X.shape == (8, 3, 32, 32) and X.dtype == torch.float32 and y.tolist() == dataset.targets[:8]
+    for i in range(8):
+        candidates = [data.normalize_uint8(c[None])[0] for c in data.crops_and_flips(dataset._images[i])]
+        assert any(torch.equal(X[i], c) for c in candidates)
+    with pytest.raises(ValueError, match="uint8"):
+        data.augment_collate([(torch.zeros(3, 32, 32), 0)])

@@ -285,6 +285,7 @@ class Squares(Dataset):                      # defined in __main__, like a noteb
     3.14 defaults to forkserver) copies the parent process instead, which is why the same notebook works there.""",
     catch="""Define Dataset classes, collate functions and worker_init_fn in a .py module and import them.
     To test for it on Linux, pass multiprocessing_context="spawn" to the DataLoader once in your test suite.""",
+    in_subprocesses=True,                 # a fresh Python each way: compare_pitfall runs both at once
 )
 def spawn_notebook_dataset(buggy: bool) -> Outcome:
     if buggy:

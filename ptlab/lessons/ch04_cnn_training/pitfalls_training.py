@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Subset
 
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
-from ptlab.data import CLASSES, MEAN, STD, EmbeddedImages, make_transform, uint8_split
+from ptlab.data import CLASSES, EmbeddedImages, make_transform, uint8_split
 from ptlab.data import normalize_uint8 as normalize
 from ptlab.memory import SavedTensors
 from ptlab.models import SmallCNN
@@ -116,7 +116,7 @@ def eval_without_eval_mode(buggy: bool) -> Outcome:
 @pitfall(
     id="test-time-augmentation", chapter=4,
     title="Random augmentation left in the test transform makes the predictions, and so the accuracy, random",
-    symptom="the same weights evaluated twice predict a different class for more than 20 of the 2,000 test images",
+    symptom="the same weights evaluated twice predict a different class for more than 10 of the first 1,000 test images",
     why="""RandomCrop and RandomHorizontalFlip draw new random numbers for every image at every pass. In the
     test pipeline they turn a fixed model and a fixed test set into random predictions and a random
     accuracy: comparing two models (or two epochs) then compares noise as much as models. Whether the
@@ -129,7 +129,8 @@ def eval_without_eval_mode(buggy: bool) -> Outcome:
 )
 def test_time_augmentation(buggy: bool) -> Outcome:
     model = reference_model()
-    deterministic = EmbeddedImages(train=False, transform=make_transform(augment=False))
+    first = range(1000)                                         # the first 1,000 test images
+    deterministic = Subset(EmbeddedImages(train=False, transform=make_transform(augment=False)), first)
     if buggy:
         test_set = EmbeddedImages(train=False, transform=make_transform(augment=True))   # BUG: random crops and flips
     else:
@@ -138,13 +139,13 @@ def test_time_augmentation(buggy: bool) -> Outcome:
     predictions = []
     for seed in (1, 2):                                         # the same weights, evaluated twice
         torch.manual_seed(seed)
-        predictions.append(predict(model, DataLoader(test_set, batch_size=500))[0])
+        predictions.append(predict(model, DataLoader(Subset(test_set, first), batch_size=500))[0])
     changed = int((predictions[0] != predictions[1]).sum())
     accuracies = [(p == labels).float().mean().item() for p in (baseline_pred, *predictions)]
     return Outcome(
         figures={"accuracy, deterministic test transform": accuracies[0], "evaluation 1": accuracies[1],
                  "evaluation 2": accuracies[2], "images predicted differently": float(changed)},
-        checks=[Check("test images predicted differently by the two evaluations", float(changed), "> 20")],
+        checks=[Check("test images (of 1,000) predicted differently by the two evaluations", float(changed), "> 10")],
     )
 
 
@@ -330,7 +331,7 @@ def vertical_flip_changes_label(buggy: bool) -> Outcome:
         flip = v2.RandomVerticalFlip()                          # BUG: a flipped arrow_up is an arrow_down
     else:
         flip = v2.RandomHorizontalFlip()                        # FIX: a mirrored arrow keeps its label
-    train_tf = v2.Compose([v2.ToImage(), flip, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    train_tf = v2.Compose([flip])                               # on the stored uint8 images; normalised per batch
     arrows = [CLASSES.index("arrow_up"), CLASSES.index("arrow_down")]
     train_set = EmbeddedImages(train=True, transform=train_tf)
     train_idx = [i for i, t in enumerate(train_set.targets) if t in arrows]       # 1,600 arrows
@@ -341,7 +342,7 @@ def vertical_flip_changes_label(buggy: bool) -> Outcome:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(4):                                          # fine-tune on the arrows: 4 epochs of 25 batches
         for X, y in loader:
-            loss = F.cross_entropy(model(X), y)
+            loss = F.cross_entropy(model(normalize(X)), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
