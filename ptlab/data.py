@@ -12,7 +12,7 @@ import hashlib
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -378,6 +378,43 @@ def augment_collate(samples: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tens
         raise ValueError(f"augment_collate needs uint8 images, got {images.dtype}: give the dataset no float "
                          "conversion or Normalize (transform=None, or v2.PILToTensor() for PIL images)")
     return normalize_uint8(augment_batch(images.as_subclass(torch.Tensor))), labels
+
+
+def denormalize(images: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD) -> torch.Tensor:
+    """Undo Normalize on float images (B, C, H, W) or (C, H, W): x * std + mean per channel, back to the 0-1 scale."""
+    if (not isinstance(images, torch.Tensor) or not images.is_floating_point() or images.ndim not in (3, 4)
+            or images.shape[-3] != len(mean) or len(mean) != len(std)):
+        raise ValueError(f"images must be a float tensor (B, {len(mean)}, H, W) or ({len(mean)}, H, W) with one mean "
+                         f"and std per channel, got {getattr(images, 'dtype', type(images).__name__)} of shape "
+                         f"{tuple(getattr(images, 'shape', ()))}")
+    mean_t = torch.tensor(mean, dtype=images.dtype, device=images.device).view(-1, 1, 1)
+    std_t = torch.tensor(std, dtype=images.dtype, device=images.device).view(-1, 1, 1)
+    return images * std_t + mean_t
+
+
+def channel_stats(batches: torch.Tensor | Iterable[torch.Tensor]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std (population) on the 0-1 scale of uint8 images (N, C, H, W), or of an iterable of
+    such batches (a DataLoader over your training split): summed exactly in int64, so the order does not matter."""
+    if isinstance(batches, torch.Tensor):
+        batches = batches.split(512) if batches.ndim == 4 else (batches,)      # bounded int64 copies
+    total = total_sq = None
+    count = 0
+    for batch in batches:
+        if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8 or batch.ndim != 4:
+            raise ValueError(f"each batch must be a uint8 tensor (B, C, H, W), got "
+                             f"{getattr(batch, 'dtype', type(batch).__name__)} of shape "
+                             f"{tuple(getattr(batch, 'shape', ()))}")
+        pixels = batch.transpose(0, 1).reshape(batch.shape[1], -1).long()      # (C, B*H*W)
+        sums, sq = pixels.sum(dim=1), (pixels * pixels).sum(dim=1)
+        if total is not None and len(sums) != len(total):
+            raise ValueError(f"every batch must have {len(total)} channels, got one with {len(sums)}")
+        total, total_sq = (sums, sq) if total is None else (total + sums, total_sq + sq)
+        count += pixels.shape[1]
+    if total is None or count == 0:
+        raise ValueError("channel_stats needs at least one non-empty batch of images")
+    mean = total.double() / count                                               # exact sums, float64 from here
+    var = total_sq.double() / count - mean * mean
+    return tuple((mean / 255).tolist()), tuple((var.clamp(min=0).sqrt() / 255).tolist())
 
 
 @functools.lru_cache(maxsize=2)

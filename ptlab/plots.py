@@ -51,3 +51,29 @@ def show_figure(fig: Figure) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=fig.dpi, bbox_inches="tight")
     display(Image(data=buffer.getvalue(), format="png"))
+
+
+def image_grid(images, titles: list[str] | None = None, columns: int = 8, size: float = 1.1) -> Figure:
+    """A grid of RGB images (B, 3, H, W) with values in [0, 1] (de-normalise first), each with an optional title.
+
+    Values are clipped to [0, 1], which only removes float rounding from a de-normalised batch: check the range
+    yourself before calling, since a wrong mean or std would be hidden by the clip.
+    """
+    if getattr(images, "ndim", None) != 4 or images.shape[1] != 3 or len(images) == 0:
+        raise ValueError(f"images must be a non-empty (B, 3, H, W) batch, got shape {tuple(getattr(images, 'shape', ()))}")
+    if titles is not None and len(titles) != len(images):
+        raise ValueError(f"titles must give one title per image: {len(titles)} titles for {len(images)} images")
+    if not isinstance(columns, int) or columns < 1:
+        raise ValueError(f"columns must be a positive int, got {columns!r}")
+    rows = -(-len(images) // columns)
+    cols = min(columns, len(images))
+    fig = Figure(figsize=(size * cols, size * rows + 0.25 * rows * (titles is not None)))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if i < len(images):
+            ax.imshow(images[i].detach().cpu().clamp(0, 1).permute(1, 2, 0).numpy())   # (H, W, 3) for imshow
+            if titles is not None:
+                ax.set_title(titles[i], fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -143,3 +143,48 @@ def test_sample_raises_at_only_the_bad_index():
     assert "2" not in str(caught.value), "the message leaves finding the index to the caller, as most errors do"
     with pytest.raises(ValueError, match="bad_index"):
         datasets.SampleRaisesAt(5, bad_index=5)
+
+
+def test_decoded_on_access_from_path_and_bytes_and_preloaded_agree(tmp_path):
+    images = data.load_arrays(train=True)[0][:5]
+    pngs = datasets.encode_png(images)
+    paths = []
+    for i, blob in enumerate(pngs):
+        paths.append(tmp_path / f"{i}.png")
+        paths[-1].write_bytes(blob)
+    labels = [3, 1, 4, 1, 5]
+    for dataset in (datasets.DecodedOnAccess(paths, labels), datasets.DecodedOnAccess(pngs, labels),
+                    datasets.Preloaded(images, labels), datasets.Preloaded(images, labels, copy=True)):
+        assert len(dataset) == 5
+        for i in range(5):
+            image, label = dataset[i]
+            assert image.dtype == torch.uint8 and image.shape == (3, 32, 32) and label == labels[i]
+            assert torch.equal(image, torch.from_numpy(images[i].copy()).permute(2, 0, 1))
+
+
+def test_preloaded_copy_owns_its_memory_and_view_shares_it():
+    images = np.zeros((2, 4, 4, 3), dtype=np.uint8)
+    view, copied = datasets.Preloaded(images, [0, 1]), datasets.Preloaded(images, [0, 1], copy=True)
+    assert view[0][0].data_ptr() == torch.from_numpy(view.images[0]).data_ptr()
+    assert copied[0][0].data_ptr() != torch.from_numpy(copied.images[0]).data_ptr()
+    images[0] = 7                                                     # the dataset holds its own array
+    assert int(view[0][0].max()) == 0
+
+
+def test_decoding_datasets_reject_bad_input():
+    with pytest.raises(ValueError, match="uint8 array"):
+        datasets.encode_png(np.zeros((2, 4, 4, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="same length"):
+        datasets.DecodedOnAccess([b"x"], [0, 1])
+    with pytest.raises(ValueError, match="one label each"):
+        datasets.Preloaded(np.zeros((2, 4, 4, 3), dtype=np.uint8), [0])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_torch_threads_is_one_in_each_worker(context):
+    import multiprocessing
+
+    if context not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {context} on this platform")
+    loader = DataLoader(datasets.TorchThreads(2), batch_size=None, num_workers=2, multiprocessing_context=context)
+    assert list(loader) == [1, 1]

@@ -252,3 +252,39 @@ def test_augment_collate_gives_normalised_augmented_batches_and_refuses_floats()
         assert any(torch.equal(X[i], c) for c in candidates)
     with pytest.raises(ValueError, match="uint8"):
         data.augment_collate([(torch.zeros(3, 32, 32), 0)])
+
+
+def test_channel_stats_is_exact_and_agrees_with_float64_numpy() -> None:
+    from ptlab.data import channel_stats, uint8_split
+
+    images = uint8_split(True)[0][:700]                                   # 700: more than one internal chunk
+    mean, std = channel_stats(images)
+    pixels = images.permute(0, 2, 3, 1).reshape(-1, 3).numpy().astype(np.float64) / 255
+    assert np.allclose(mean, pixels.mean(axis=0), rtol=0, atol=1e-12)
+    assert np.allclose(std, pixels.std(axis=0), rtol=0, atol=1e-12)
+    assert channel_stats(list(images.split(64))) == channel_stats(images)   # batches of a loader, same sums
+    assert channel_stats(torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)) == ((1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+
+
+def test_channel_stats_rejects_bad_input() -> None:
+    from ptlab.data import channel_stats
+
+    with pytest.raises(ValueError, match="uint8 tensor"):
+        channel_stats(torch.zeros(2, 3, 4, 4))
+    with pytest.raises(ValueError, match="at least one non-empty"):
+        channel_stats([])
+    with pytest.raises(ValueError, match="3 channels"):
+        channel_stats([torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(1, 1, 2, 2, dtype=torch.uint8)])
+
+
+def test_denormalize_inverts_normalize() -> None:
+    from ptlab.data import denormalize, uint8_split
+
+    images = uint8_split(True)[0][:32]
+    back = denormalize(data.normalize_uint8(images))
+    assert (back - images / 255).abs().max() <= 1e-6
+    assert (denormalize(data.normalize_uint8(images)[0]) - images[0] / 255).abs().max() <= 1e-6   # one (C, H, W) image
+    with pytest.raises(ValueError, match="float tensor"):
+        denormalize(images)
+    with pytest.raises(ValueError, match="float tensor"):
+        denormalize(torch.zeros(2, 1, 4, 4))

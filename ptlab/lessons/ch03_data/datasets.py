@@ -5,6 +5,7 @@ Windows) cannot import it. Everything a worker of this chapter needs lives here 
 """
 from __future__ import annotations
 
+import io
 import multiprocessing
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -187,6 +188,71 @@ class WorkerSeeds(Dataset):
     def __getitem__(self, index: int) -> tuple[int, int, int, float]:
         info = get_worker_info()
         return index, (-1 if info is None else info.id), torch.initial_seed(), float(np.random.random())
+
+
+def encode_png(images: np.ndarray) -> list[bytes]:
+    """Each uint8 image (N, H, W, 3) as the bytes of a PNG file, encoded in memory with PIL."""
+    from PIL import Image
+
+    if not isinstance(images, np.ndarray) or images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"images must be a uint8 array (N, H, W, 3), got "
+                         f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}")
+    encoded = []
+    for image in images:
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    return encoded
+
+
+class DecodedOnAccess(Dataset):
+    """Decodes an image file in every __getitem__, from a path (a file on disk) or from its bytes held in memory."""
+
+    def __init__(self, sources: Sequence[str | Path | bytes], labels: Sequence[int]) -> None:
+        if len(sources) != len(labels):
+            raise ValueError(f"sources and labels must have the same length, got {len(sources)} and {len(labels)}")
+        self.sources, self.labels = list(sources), list(labels)
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        source = self.sources[index]
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+            pixels = np.array(image.convert("RGB"))                    # decode: (H, W, 3) uint8, writable
+        return torch.from_numpy(pixels).permute(2, 0, 1), self.labels[index]
+
+
+class Preloaded(Dataset):
+    """Holds decoded uint8 images (N, H, W, 3); __getitem__ returns a (3, H, W) view, or a copy with copy=True."""
+
+    def __init__(self, images: np.ndarray, labels: Sequence[int], copy: bool = False) -> None:
+        if not isinstance(images, np.ndarray) or images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(f"images must be an array (N, H, W, C) with one label each, got shape "
+                             f"{getattr(images, 'shape', None)} and {len(labels)} labels")
+        self.images, self.labels, self.copy = np.array(images), list(labels), copy   # our own writable array
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index].copy() if self.copy else self.images[index]   # the extra copy, or a view
+        return torch.from_numpy(image).permute(2, 0, 1), self.labels[index]
+
+
+class TorchThreads(Dataset):
+    """Sample i is torch.get_num_threads() in the process that loads it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return torch.get_num_threads()
 
 
 def corrupt_files(paths: Sequence[Path], keep_bytes: int = 200) -> None:
