@@ -1,10 +1,12 @@
-"""Chapter 6's demonstrations: GradScaler's scale over steps, a low-precision running
-sum, the two-class loaders the accuracy comparison trains on, and float16 autocast with a
-GradScaler against float32 on a GPU."""
+"""Chapter 6's demonstrations: GradScaler's scale over steps, gradient accumulation with a
+GradScaler, skipped steps under a learning-rate scheduler, a low-precision running sum, the
+two-class loaders the accuracy comparison trains on, and float16 autocast with a GradScaler
+against float32 on a GPU."""
 from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -35,6 +37,52 @@ def scale_history(inf_at: tuple[int, ...] = (3,), steps: int = 10, growth_interv
         history.append((step, scaler.get_scale(), bool(torch.equal(before, w.detach()))))
     return history
 
+
+
+def accumulated_amp_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                         micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_norm: float = 1.0) -> float:
+    """One optimizer step from k micro-batches (X_i, y_i) under float16 autocast on the CPU, mean squared error,
+    gradients clipped at max_norm; returns the gradient norm clipping saw (unscaled)."""
+    if not micro_batches:
+        raise ValueError("micro_batches must hold at least one (X, y) pair, got none")
+    opt.zero_grad()
+    for X_i, y_i in micro_batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(X_i)                                        # (B/k, 1) float16
+        loss = nn.functional.mse_loss(out.float(), y_i) / len(micro_batches)   # 1/k of the whole batch's mean
+        scaler.scale(loss).backward()                               # .grad sums the k scaled gradients
+    scaler.unscale_(opt)                                            # once, after the last micro-batch
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # the true (unscaled) norm
+    scaler.step(opt)                                                # checks the whole batch's grads for inf/NaN
+    scaler.update()                                                 # once per optimizer step
+    return norm.item()
+
+
+def warmup_with_skipped_steps(X: torch.Tensor, y: torch.Tensor, skip_aware: bool,
+                              iterations: int = 7) -> tuple[list[tuple[float, float, float, bool]], list[str]]:
+    """Train nn.Linear(X.shape[1], 1) on (X, y) under float16 autocast with GradScaler("cpu") at its defaults and a
+    LinearLR warm-up from 0.025 to 0.1 over 3 steps. Returns per iteration (lr used, scale before, scale after,
+    weights moved), and the warnings caught as 'Category: message'. skip_aware: step the scheduler only after
+    iterations whose scale did not drop."""
+    torch.manual_seed(0)
+    model = nn.Linear(X.shape[1], 1)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+    schedule = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=3)   # 0.025 -> 0.1
+    rows = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(iterations):
+            opt.zero_grad()
+            before, weight, lr = scaler.get_scale(), model.weight.detach().clone(), opt.param_groups[0]["lr"]
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(X)                                      # (N, 1) float16
+            scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
+            scaler.step(opt)                                        # skips optimizer.step() on an inf/NaN gradient
+            scaler.update()                                         # ...and then lowers the scale
+            if not skip_aware or scaler.get_scale() >= before:      # skip_aware: only after a real step
+                schedule.step()
+            rows.append((lr, before, scaler.get_scale(), not torch.equal(weight, model.weight)))
+    return rows, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 def running_sum(values: torch.Tensor, dtype: torch.dtype, accumulator: torch.dtype | None = None) -> float:
     """Add values one by one, as a loop or a naive kernel does, keeping the total in `accumulator`
