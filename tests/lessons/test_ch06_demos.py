@@ -1,11 +1,11 @@
-"""Chapter 6's accumulation and scheduler fixtures (ptlab.lessons.ch06_amp.demos)."""
+"""Chapter 6's gradient accumulation fixture (ptlab.lessons.ch06_amp.demos)."""
 import copy
 
 import pytest
 import torch
 from torch import nn
 
-from ptlab.lessons.ch06_amp.demos import accumulated_amp_step, warmup_with_skipped_steps
+from ptlab.lessons.ch06_amp.demos import accumulated_amp_step
 
 
 def _data():
@@ -46,17 +46,3 @@ def test_accumulated_amp_step_refuses_no_micro_batches():
     with pytest.raises(ValueError, match="micro_batches"):
         accumulated_amp_step(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu"), [])
 
-
-@pytest.mark.parametrize("skip_aware", [False, True])
-def test_warmup_with_skipped_steps(skip_aware):
-    rows, caught = warmup_with_skipped_steps(*_data(), skip_aware=skip_aware)
-    assert len(rows) == 7
-    skipped = [not moved for *_, moved in rows]
-    assert skipped == [True, True, True, False, False, False, False]
-    assert all((after < before) == skip for (_, before, after, _), skip in zip(rows, skipped))
-    used = [round(lr, 4) for lr, *_, moved in rows if moved]
-    if skip_aware:
-        assert caught == [] and used == [0.025, 0.05, 0.075, 0.1]
-    else:
-        assert len(caught) == 1 and "Detected call of `lr_scheduler.step()` before `optimizer.step()`" in caught[0]
-        assert used == [0.1] * 4

@@ -1,12 +1,10 @@
 """Chapter 6's demonstrations: GradScaler's scale over steps, gradient accumulation with a
-GradScaler, skipped steps under a learning-rate scheduler, a low-precision running sum, the
-two-class loaders the accuracy comparison trains on, and float16 autocast with a GradScaler
-against float32 on a GPU."""
+GradScaler, a low-precision running sum, the two-class loaders the accuracy comparison trains
+on, and float16 autocast with a GradScaler against float32 on a GPU."""
 from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import torch
 from torch import nn
@@ -57,32 +55,6 @@ def accumulated_amp_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: t
     scaler.update()                                                 # once per optimizer step
     return norm.item()
 
-
-def warmup_with_skipped_steps(X: torch.Tensor, y: torch.Tensor, skip_aware: bool,
-                              iterations: int = 7) -> tuple[list[tuple[float, float, float, bool]], list[str]]:
-    """Train nn.Linear(X.shape[1], 1) on (X, y) under float16 autocast with GradScaler("cpu") at its defaults and a
-    LinearLR warm-up from 0.025 to 0.1 over 3 steps. Returns per iteration (lr used, scale before, scale after,
-    weights moved), and the warnings caught as 'Category: message'. skip_aware: step the scheduler only after
-    iterations whose scale did not drop."""
-    torch.manual_seed(0)
-    model = nn.Linear(X.shape[1], 1)
-    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
-    schedule = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=3)   # 0.025 -> 0.1
-    rows = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(iterations):
-            opt.zero_grad()
-            before, weight, lr = scaler.get_scale(), model.weight.detach().clone(), opt.param_groups[0]["lr"]
-            with torch.autocast("cpu", dtype=torch.float16):
-                out = model(X)                                      # (N, 1) float16
-            scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
-            scaler.step(opt)                                        # skips optimizer.step() on an inf/NaN gradient
-            scaler.update()                                         # ...and then lowers the scale
-            if not skip_aware or scaler.get_scale() >= before:      # skip_aware: only after a real step
-                schedule.step()
-            rows.append((lr, before, scaler.get_scale(), not torch.equal(weight, model.weight)))
-    return rows, [f"{w.category.__name__}: {w.message}" for w in caught]
 
 def running_sum(values: torch.Tensor, dtype: torch.dtype, accumulator: torch.dtype | None = None) -> float:
     """Add values one by one, as a loop or a naive kernel does, keeping the total in `accumulator`
