@@ -1,6 +1,6 @@
-"""Chapter 6's demonstrations: GradScaler's scale over steps, a low-precision running
-sum, the two-class loaders the accuracy comparison trains on, and float16 autocast with a
-GradScaler against float32 on a GPU."""
+"""Chapter 6's demonstrations: GradScaler's scale over steps, gradient accumulation with a
+GradScaler, a low-precision running sum, the two-class loaders the accuracy comparison trains
+on, and float16 autocast with a GradScaler against float32 on a GPU."""
 from __future__ import annotations
 
 import math
@@ -34,6 +34,26 @@ def scale_history(inf_at: tuple[int, ...] = (3,), steps: int = 10, growth_interv
         scaler.update()
         history.append((step, scaler.get_scale(), bool(torch.equal(before, w.detach()))))
     return history
+
+
+
+def accumulated_amp_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                         micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_norm: float = 1.0) -> float:
+    """One optimizer step from k micro-batches (X_i, y_i) under float16 autocast on the CPU, mean squared error,
+    gradients clipped at max_norm; returns the gradient norm clipping saw (unscaled)."""
+    if not micro_batches:
+        raise ValueError("micro_batches must hold at least one (X, y) pair, got none")
+    opt.zero_grad()
+    for X_i, y_i in micro_batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(X_i)                                        # (B/k, 1) float16
+        loss = nn.functional.mse_loss(out.float(), y_i) / len(micro_batches)   # 1/k of the whole batch's mean
+        scaler.scale(loss).backward()                               # .grad sums the k scaled gradients
+    scaler.unscale_(opt)                                            # once, after the last micro-batch
+    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # the true (unscaled) norm
+    scaler.step(opt)                                                # checks the whole batch's grads for inf/NaN
+    scaler.update()                                                 # once per optimizer step
+    return norm.item()
 
 
 def running_sum(values: torch.Tensor, dtype: torch.dtype, accumulator: torch.dtype | None = None) -> float:

@@ -448,3 +448,70 @@ def fp16_forward_overflow(buggy: bool) -> Outcome:
         checks=[Check("the largest |score| is inf", math.isinf(largest), "is True"),
                 Check("the loss is finite", math.isfinite(loss.item()), "is False")],
     )
+
+
+SCHEDULER_WARNING = "Detected call of `lr_scheduler.step()` before `optimizer.step()`."
+
+
+def _overflowing_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """A regression batch whose float16 gradients overflow at scales of 16384 and above: X (64, 8), y (64, 1)."""
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(64, 8, generator=g)                    # (64, 8)
+    return X, X @ torch.randn(8, 1, generator=g)           # (64, 1)
+
+
+@pitfall(
+    id="scheduler-on-skipped-steps", chapter=6,
+    title="A scheduler stepped every iteration moves on when the GradScaler skips a step: the warm-up goes to no update",
+    symptom="torch warns 'Detected call of `lr_scheduler.step()` before `optimizer.step()`', and the first real "
+            "update uses more than 2x the warm-up's first learning rate",
+    why="""`scaler.step(optimizer)` does not call `optimizer.step()` when the gradients hold an inf or NaN, and the
+    scale starts high (65536), so the first steps of a float16 run are often skipped while `update()` halves it
+    (torch's `GradScaler` documentation says as much). A scheduler stepped every iteration does not know: it moves on, and the learning rates it meant for
+    those steps are used by no update. Here a 3-step warm-up (0.025 to 0.1) is spent entirely on the 3 skipped
+    steps. torch notices only one case: when the scheduler's first `step()` comes before any `optimizer.step()`,
+    it warns that the two were called in the wrong order (the code did call them in the right order). Skips after
+    the first real step pass without a word. A few skips in a long schedule change little; a short warm-up, or a
+    run that keeps overflowing, loses its schedule.""",
+    catch="""Read `scaler.get_scale()` before `scaler.step()` and after `scaler.update()`: the scale drops exactly
+    when the step was skipped (with backoff_factor < 1). Count those drops, and step the scheduler only when the
+    scale did not drop. (On a GPU `get_scale()` waits for the GPU: it is a sync.)""",
+)
+def scheduler_on_skipped_steps(buggy: bool) -> Outcome:
+    X, y = _overflowing_batch()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+    schedule = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=3)   # 0.025 -> 0.1
+    lrs, before, after, moved = [], [], [], []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(7):
+            opt.zero_grad()
+            lrs.append(opt.param_groups[0]["lr"])
+            before.append(scaler.get_scale())
+            weight = model.weight.detach().clone()
+            with torch.autocast("cpu", dtype=torch.float16):
+                out = model(X)                             # (64, 1) float16
+            scaler.scale(nn.functional.mse_loss(out.float(), y)).backward()
+            scaler.step(opt)                               # skips optimizer.step() on an inf/NaN gradient
+            scaler.update()                                # ...and then halves the scale
+            after.append(scaler.get_scale())
+            moved.append(not torch.equal(weight, model.weight))
+            if buggy:
+                schedule.step()                            # BUG: also after a skipped step
+            elif after[-1] >= before[-1]:                  # FIX: the scale drops only after a skipped step
+                schedule.step()
+    texts = [f"{w.category.__name__}: {w.message}" for w in caught]
+    first_lr = next(lr for lr, m in zip(lrs, moved) if m)
+    return OutcomeWithTexts(
+        figures={"lr used, per iteration": " ".join(f"{lr:.4g}" for lr in lrs),
+                 "scale before, per iteration": " ".join(f"{s:g}" for s in before),
+                 "scale after update()": " ".join(f"{s:g}" for s in after),
+                 "weights moved": " ".join("yes" if m else "no" for m in moved),
+                 "steps skipped, of 7": float(moved.count(False)), "lr of the first real update": f"{first_lr:.4g}"},
+        checks=[Check("the first real update's lr / the warm-up's first lr (0.025)", first_lr / 0.025, "> 2"),
+                Check("warnings 'Detected call of `lr_scheduler.step()` before `optimizer.step()`'",
+                      sum(SCHEDULER_WARNING in t for t in texts), ">= 1")],
+        texts={"warnings": "\n".join(texts)},
+    )
