@@ -1,10 +1,10 @@
 """Small matplotlib figures shared by the widgets and the notebooks."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+if TYPE_CHECKING:   # matplotlib itself is imported when a figure is drawn: a torchrun worker that imports
+    from matplotlib.figure import Figure   # ptlab.train to train never pays its ~0.5 s import
 
 
 class HasSeries(Protocol):
@@ -19,6 +19,9 @@ FIXED_COLOUR = "#27ae60"
 
 def plot_series(outcomes: dict[str, HasSeries], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
     """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     names = sorted({name for o in outcomes.values() for name in o.series})
     if not names:
         return None

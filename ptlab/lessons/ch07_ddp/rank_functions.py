@@ -217,3 +217,31 @@ def counted_allreduce(calls: list, bucket):
     """
     calls.append((bucket.index(), bucket.buffer().numel()))
     return allreduce_hook(None, bucket)                    # the mean over the ranks, as without a hook
+
+
+def seeded_ranks(seed: int = 0) -> dict[str, Any]:
+    """Each rank builds the MLP from its own seed, wraps it in DDP, then draws dropout masks from two seedings."""
+    rank = dist.get_rank()
+    torch.manual_seed(seed + rank)                     # a different init on each rank, on purpose
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 3))
+    before = checksum(model)
+    ddp = DDP(model)                                   # broadcasts rank 0's parameters to every rank
+    after = checksum(ddp.module)
+    masks = {}
+    for name, rank_seed in (("seed", seed), ("seed + rank", seed + rank)):
+        torch.manual_seed(rank_seed)
+        masks[name] = (nn.functional.dropout(torch.ones(16), p=0.5) > 0).int().tolist()   # which units survive
+    return {"before DDP": before, "after DDP": after, "masks": masks}
+
+
+def late_rank(late_rank: int = 1, timeout_s: float = 1.0) -> str:
+    """Every rank but `late_rank` enters monitored_barrier; it reports who did not arrive within timeout_s."""
+    import datetime
+
+    if dist.get_rank() != late_rank:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            return str(err).splitlines()[0]
+        return "no error"
+    return "stayed away"
