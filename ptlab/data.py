@@ -394,7 +394,8 @@ def denormalize(images: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequenc
 
 def channel_stats(batches: torch.Tensor | Iterable[torch.Tensor]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and std (population) on the 0-1 scale of uint8 images (N, C, H, W), or of an iterable of
-    such batches (a DataLoader over your training split): summed exactly in int64, so the order does not matter."""
+    such batches (e.g. `(images for images, _ in loader)` over a DataLoader of your training split that yields
+    uint8): summed exactly in int64, so the order does not matter."""
     if isinstance(batches, torch.Tensor):
         batches = batches.split(512) if batches.ndim == 4 else (batches,)      # bounded int64 copies
     total = total_sq = None

@@ -68,6 +68,8 @@ def image_grid(images, titles: list[str] | None = None, columns: int = 8, size: 
         raise ValueError(f"titles must give one title per image: {len(titles)} titles for {len(images)} images")
     if not isinstance(columns, int) or columns < 1:
         raise ValueError(f"columns must be a positive int, got {columns!r}")
+    from matplotlib.figure import Figure
+
     rows = -(-len(images) // columns)
     cols = min(columns, len(images))
     fig = Figure(figsize=(size * cols, size * rows + 0.25 * rows * (titles is not None)))

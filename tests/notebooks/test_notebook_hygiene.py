@@ -51,6 +51,18 @@ def chapter_notebooks() -> dict[int, list[Path]]:
     return chapters
 
 
+@pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_every_pitfall_widget_is_displayed(path):
+    """show_pitfall returns the widget: Jupyter shows it only as a cell's last expression, or through display()."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        lines = [line for line in cell.source.strip().splitlines() if line.strip()]
+        for i, line in enumerate(lines):
+            if line.startswith("show_pitfall(") and i != len(lines) - 1:
+                raise AssertionError(f"{path.name}: {line!r} is not the cell's last line: wrap it in display(...)")
+
+
 def _code(path: Path) -> str:
     return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
 

@@ -462,19 +462,20 @@ def _overflowing_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pitfall(
     id="scheduler-on-skipped-steps", chapter=6,
-    title="A scheduler stepped every iteration moves on when the GradScaler skips a step: the warm-up goes to no update",
+    title="A scheduler stepped every iteration moves on when the GradScaler skips a step: the warm-up's first learning rates go to no update",
     symptom="torch warns 'Detected call of `lr_scheduler.step()` before `optimizer.step()`', and the first real "
             "update uses more than 2x the warm-up's first learning rate",
     why="""`scaler.step(optimizer)` does not call `optimizer.step()` when the gradients hold an inf or NaN, and the
     scale starts high (65536), so the first steps of a float16 run are often skipped while `update()` halves it
     (torch's `GradScaler` documentation says as much). A scheduler stepped every iteration does not know: it moves on, and the learning rates it meant for
     those steps are used by no update. Here a 3-step warm-up (0.025 to 0.1) is spent entirely on the 3 skipped
-    steps. torch notices only one case: when the scheduler's first `step()` comes before any `optimizer.step()`,
+    steps. torch notices only one case: when the scheduler's first `step()` comes before any `optimizer.step()` since the scheduler was made,
     it warns that the two were called in the wrong order (the code did call them in the right order). Skips after
-    the first real step pass without a word. A few skips in a long schedule change little; a short warm-up, or a
-    run that keeps overflowing, loses its schedule.""",
-    catch="""Read `scaler.get_scale()` before `scaler.step()` and after `scaler.update()`: the scale drops exactly
-    when the step was skipped (with backoff_factor < 1). Count those drops, and step the scheduler only when the
+    the first real step pass without a word. (Advice, not measured here: a few skips in a long schedule change
+    little; a short warm-up, or a run that keeps overflowing, loses its schedule.)""",
+    catch="""Read `scaler.get_scale()` before `scaler.step()` and after `scaler.update()`: with one optimizer the
+    scale drops exactly when its step was skipped (with backoff_factor < 1; with several optimizers it drops when
+    any of them skipped). Count those drops, and step the scheduler only when the
     scale did not drop. (On a GPU `get_scale()` waits for the GPU: it is a sync.)""",
 )
 def scheduler_on_skipped_steps(buggy: bool) -> Outcome:

@@ -234,14 +234,18 @@ def seeded_ranks(seed: int = 0) -> dict[str, Any]:
     return {"before DDP": before, "after DDP": after, "masks": masks}
 
 
-def late_rank(late_rank: int = 1, timeout_s: float = 1.0) -> str:
-    """Every rank but `late_rank` enters monitored_barrier; it reports who did not arrive within timeout_s."""
+def late_rank(late_rank: int = 1, barrier_timeout_s: float = 1.0) -> tuple[str, float]:
+    """Every rank but `late_rank` enters monitored_barrier with `barrier_timeout_s`; `late_rank` arrives only after
+    twice that. Returns (the first line of the barrier's error, or a note; the seconds this rank waited)."""
     import datetime
+    import time
 
+    start = time.perf_counter()
     if dist.get_rank() != late_rank:
         try:
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=barrier_timeout_s))
         except RuntimeError as err:
-            return str(err).splitlines()[0]
-        return "no error"
-    return "stayed away"
+            return str(err).splitlines()[0], time.perf_counter() - start
+        return "no error", time.perf_counter() - start
+    time.sleep(2 * barrier_timeout_s)                    # late: the barrier gives up first
+    return "arrived late", time.perf_counter() - start
