@@ -53,14 +53,19 @@ def chapter_notebooks() -> dict[int, list[Path]]:
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.name for p in CHAPTERS])
 def test_every_pitfall_widget_is_displayed(path):
-    """show_pitfall returns the widget: Jupyter shows it only as a cell's last expression, or through display()."""
+    """show_pitfall returns the widget: Jupyter shows it only as a cell's last expression (no `;`), or through
+    display(). Every call must be one of the two forms, `show_pitfall("id")` last, or `display(show_pitfall("id"))`."""
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type != "code":
             continue
-        lines = [line for line in cell.source.strip().splitlines() if line.strip()]
+        lines = [line.strip() for line in cell.source.strip().splitlines() if line.strip()]
         for i, line in enumerate(lines):
-            if line.startswith("show_pitfall(") and i != len(lines) - 1:
-                raise AssertionError(f"{path.name}: {line!r} is not the cell's last line: wrap it in display(...)")
+            if "show_pitfall(" not in line or line.startswith(("from ", "import ")):
+                continue
+            shown_last = re.fullmatch(r'show_pitfall\("[a-z0-9-]+"\)', line) and i == len(lines) - 1
+            displayed = re.fullmatch(r'display\(show_pitfall\("[a-z0-9-]+"\)\)', line)
+            assert shown_last or displayed, (f"{path.name}: {line!r} does not show the widget: make it the cell's last "
+                                             "line without ';', or wrap it in display(...)")
 
 
 def _code(path: Path) -> str:
