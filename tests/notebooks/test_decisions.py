@@ -24,6 +24,7 @@ DECISIONS = {
     "strict loading": ("strict",),
     "checkpoint contents": ("checkpoint",),
     "DDP or not, gloo or nccl": ("DDP", "one process", "gloo", "nccl"),
+    "torch threads on a shared machine": ("threads", "never idle"),
 }
 
 
