@@ -1,6 +1,6 @@
 """Class imbalance, two remedies: CrossEntropyLoss's `weight=` and a WeightedRandomSampler.
 
-The task is section 10's: the four FINETUNE_CLASSES, on the features of the shipped pretrained backbone (frozen, so
+The task is the fine-tuning section's: the four FINETUNE_CLASSES, on the features of the shipped pretrained backbone (frozen, so
 each image's 64 features are computed once), with one class cut down to a few training images (`imbalanced_indices`).
 `train_head` trains a linear head on those features for a fixed number of batches, with no remedy, with class weights
 in the loss, or with batches drawn by a WeightedRandomSampler; `head_batches` is the loader it draws from.
