@@ -66,3 +66,21 @@ def test_accuracies_and_running_stats() -> None:
     assert largest_change(before, running_stats(model)) > 0.0
     with pytest.raises(ValueError, match="same tensors"):
         largest_change(before, before[:1])
+
+
+def test_batch_stepper_takes_one_adamw_step_per_call_in_train_mode() -> None:
+    from ptlab.lessons.ch04_cnn_training.finetune import batch_stepper
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)).eval()
+    X, y = torch.randn(8, 3, 2, 2), torch.arange(8) % 3
+    with torch.no_grad():
+        first = torch.nn.functional.cross_entropy(model(X), y).item()
+    step, losses = batch_stepper(model, (X, y), lr=5e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    assert model.training and losses == [pytest.approx(first)]           # the loss before the step, recorded
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    for _ in range(19):
+        step()
+    assert len(losses) == 20 and losses[-1] < 0.5 * losses[0]

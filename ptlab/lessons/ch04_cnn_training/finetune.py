@@ -4,12 +4,13 @@ The backbone is `ptlab.reference.pretrained_backbone()`, trained on PRETRAIN_CLA
 FINETUNE_CLASSES with a handful of labelled training images per class (`few_shot_batches`), scored on all of
 their test images (`new_class_accuracy`). `no_downloads()` blocks the two functions torch.hub and torchvision
 fetch weights through, so a cell can show that torchvision's weight enums describe weights without downloading them.
+`batch_stepper` takes AdamW steps of any model on one fixed batch, so a cell can time a step and watch the loss fall.
 """
 from __future__ import annotations
 
 import contextlib
 import urllib.request
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -88,3 +89,20 @@ def largest_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> flo
     if len(before) != len(after):
         raise ValueError(f"before and after must hold the same tensors, got {len(before)} and {len(after)}")
     return max(((a - b).abs().max().item() for a, b in zip(after, before)), default=0.0)
+
+
+def batch_stepper(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], lr: float = 1e-3) -> tuple[Callable[[], None], list[float]]:
+    """A callable that takes one AdamW step of model (train mode) on one fixed batch, and the list of losses it appends to."""
+    X, y = batch
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses: list[float] = []
+
+    def step() -> None:
+        model.train()
+        loss = nn.functional.cross_entropy(model(X), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+
+    return step, losses
