@@ -34,7 +34,8 @@ class LockedRequirement:
 
     @property
     def pinned(self) -> bool:
-        """Pinned to one version with `==` and at least one sha256 hash, as uv writes them (pip also accepts sha384 and sha512)."""
+        """Pinned to one version with `==` and at least one sha256 hash, as uv writes them
+        (pip also accepts sha384 and sha512)."""
         return self.version is not None and any(h.startswith("sha256:") for h in self.hashes)
 
 

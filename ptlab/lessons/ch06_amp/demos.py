@@ -36,7 +36,6 @@ def scale_history(inf_at: tuple[int, ...] = (3,), steps: int = 10, growth_interv
     return history
 
 
-
 def accumulated_amp_step(model: nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                          micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_norm: float = 1.0) -> float:
     """One optimizer step from k micro-batches (X_i, y_i) under float16 autocast on the CPU, mean squared error,
