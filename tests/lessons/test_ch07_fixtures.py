@@ -25,3 +25,31 @@ def test_the_counts_are_the_same_on_every_machine():
     right = logits.argmax(1) == y
     assert (int(right[0::2].sum()), int(right[1::2].sum())) == (32, 16)   # clean 32/32, noisy 16/32
     assert torch.equal(logits, X[:, :3])                                   # class c scores feature c
+
+
+def test_with_aux_head_uses_aux_only_when_told():
+    from ptlab.lessons.ch07_ddp.rank_functions import WithAuxHead
+
+    model = WithAuxHead()
+    X = torch.randn(4, 8)
+    assert torch.equal(model(X), model.body(X))                            # aux unused by default
+    model.use_aux = True
+    out = model(X)
+    out.sum().backward()
+    assert out.shape == (4, 3) and model.aux.weight.grad is not None
+
+
+def test_static_graph_trains_the_unused_head_and_refuses_a_graph_that_changes():
+    from ptlab.distributed import run_ranks
+    from ptlab.lessons.ch07_ddp.rank_functions import train_with_unused_head
+
+    static, found, grows, shrinks = (run_ranks(train_with_unused_head, **kwargs).raise_on_failure().results for kwargs in
+                                     (dict(), dict(static_graph=False), dict(aux_steps=(2, 3)), dict(aux_steps=(1,))))
+    assert [r["step"] for r in static + found] == [0] * 4
+    assert torch.equal(static[0]["weights"], static[1]["weights"])
+    assert torch.equal(static[0]["weights"], found[0]["weights"])          # the same steps as find_unused_parameters
+    assert [(r["step"], r["phase"]) for r in grows] == [(2, "backward")] * 2
+    assert all("graph has changed" in r["error"] for r in grows)
+    assert [(r["step"], r["phase"]) for r in shrinks] == [(3, "forward")] * 2
+    assert all("Expected to have finished reduction" in r["error"] for r in shrinks)
+    assert not torch.equal(shrinks[0]["weights"], shrinks[1]["weights"])   # step 2's gradients were not averaged

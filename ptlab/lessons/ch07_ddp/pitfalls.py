@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from ptlab.claims import Check
 from ptlab.course.pitfall_record import Outcome, pitfall
 from ptlab.distributed import run_ranks
-from ptlab.lessons.ch07_ddp.rank_functions import (counted_allreduce, paired_validation_set, prototype_classifier,
-                                                    rank_mlp)
+from ptlab.lessons.ch07_ddp.rank_functions import (WithAuxHead, counted_allreduce, paired_validation_set,
+                                                    prototype_classifier, rank_mlp)
 
 
 def _mlp(batchnorm: bool = False) -> nn.Sequential:
@@ -218,18 +218,6 @@ def forward_on_one_rank(buggy: bool, in_rank: bool = False):
                  "seconds until it ended": run.seconds},
         checks=[Check("a rank failed", bool(run.errors), "is True"),
                 Check("a rank ended with gloo's timeout error", timed_out, "is True")])
-
-
-class WithAuxHead(nn.Module):
-    """An MLP with a second head, `aux`, that forward never calls (left over from an experiment, say)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = _mlp()                                 # (B, 8) -> (B, 3), the same weights on every rank
-        self.aux = nn.Linear(3, 1)                         # a parameter no forward uses
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
 
 
 @pitfall(

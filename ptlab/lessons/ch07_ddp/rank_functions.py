@@ -27,6 +27,20 @@ def rank_mlp(batchnorm: bool = False, hidden: int = 32, activation: type[nn.Modu
     return nn.Sequential(nn.Linear(8, hidden), *middle, activation(), nn.Linear(hidden, 3))
 
 
+class WithAuxHead(nn.Module):
+    """An MLP with a second head, `aux`, that forward calls only while `use_aux` is True (False by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = rank_mlp(hidden=16, activation=nn.ReLU)   # (B, 8) -> (B, 3), the same weights on every rank
+        self.aux = nn.Linear(3, 1)                         # a parameter no forward uses unless use_aux is set
+        self.use_aux = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)                                 # (B, 3)
+        return out + self.aux(out) if self.use_aux else out   # (B, 1) broadcast over the 3 logits
+
+
 def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
@@ -249,3 +263,30 @@ def late_rank(late_rank: int = 1, barrier_timeout_s: float = 1.0) -> tuple[str, 
         return "no error", time.perf_counter() - start
     time.sleep(2 * barrier_timeout_s)                    # late: the barrier gives up first
     return "arrived late", time.perf_counter() - start
+
+
+def train_with_unused_head(static_graph: bool = True, steps: int = 3, aux_steps: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Train WithAuxHead under DDP(static_graph=True), or DDP(find_unused_parameters=True) if static_graph is False.
+
+    Forward uses the aux head at the steps (1-based) listed in `aux_steps` only. Returns the step at which the
+    first RuntimeError was raised (0: none), in "forward" or "backward", its first line, and the weights then.
+    """
+    options = {"static_graph": True} if static_graph else {"find_unused_parameters": True}
+    model = DDP(WithAuxHead(), **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())          # each rank its own batches
+    step, phase, error = 0, "", "none"
+    for i in range(steps):
+        model.module.use_aux = i + 1 in aux_steps
+        try:
+            phase = "forward"
+            loss = nn.functional.cross_entropy(model(X[i * 8:(i + 1) * 8]), y[i * 8:(i + 1) * 8])
+            optimizer.zero_grad()
+            phase = "backward"
+            loss.backward()
+        except RuntimeError as err:
+            step, error = i + 1, str(err).splitlines()[0]
+            break
+        optimizer.step()
+    return {"step": step, "phase": phase if step else "", "error": error,
+            "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
