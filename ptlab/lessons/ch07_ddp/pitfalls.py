@@ -233,8 +233,8 @@ def forward_on_one_rank(buggy: bool, in_rank: bool = False):
     names when the environment variable TORCH_DISTRIBUTED_DEBUG is INFO. `find_unused_parameters=True` makes DDP walk the autograd graph after each forward and
     mark the parameters it does not reach as ready, at the cost of that walk every step.""",
     catch="""Remove the parameters forward does not use (or freeze them with requires_grad_(False) before
-    wrapping), and use find_unused_parameters=True only when the unused set changes from step to step
-    (branches, mixture-of-experts). Run two steps of every new model under DDP before a long job: the
+    wrapping). When the unused set is the same at every step, static_graph=True also works; use
+    find_unused_parameters=True when it changes from step to step (branches, mixture-of-experts). Run two steps of every new model under DDP before a long job: the
     error only shows at the second.""",
 )
 def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
