@@ -43,8 +43,10 @@ def test_static_graph_trains_the_unused_head_and_refuses_a_graph_that_changes():
     from ptlab.distributed import run_ranks
     from ptlab.lessons.ch07_ddp.rank_functions import train_with_unused_head
 
-    static, found, grows, shrinks = (run_ranks(train_with_unused_head, **kwargs).raise_on_failure().results for kwargs in
-                                     (dict(), dict(static_graph=False), dict(aux_steps=(2, 3)), dict(aux_steps=(1,))))
+    settings = (dict(), dict(static_graph=False), dict(aux_steps=(2, 3)), dict(aux_steps=(1,)),
+                dict(static_graph=False, aux_steps=(1,)))
+    static, found, grows, shrinks, searched = (run_ranks(train_with_unused_head, **kwargs).raise_on_failure().results
+                                               for kwargs in settings)
     assert [r["step"] for r in static + found] == [0] * 4
     assert torch.equal(static[0]["weights"], static[1]["weights"])
     assert torch.equal(static[0]["weights"], found[0]["weights"])          # the same steps as find_unused_parameters
@@ -53,3 +55,5 @@ def test_static_graph_trains_the_unused_head_and_refuses_a_graph_that_changes():
     assert [(r["step"], r["phase"]) for r in shrinks] == [(3, "forward")] * 2
     assert all("Expected to have finished reduction" in r["error"] for r in shrinks)
     assert not torch.equal(shrinks[0]["weights"], shrinks[1]["weights"])   # step 2's gradients were not averaged
+    assert [r["step"] for r in searched] == [0, 0]                         # find_unused_parameters: no error
+    assert torch.equal(searched[0]["weights"], searched[1]["weights"])

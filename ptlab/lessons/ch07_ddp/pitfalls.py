@@ -230,12 +230,16 @@ def forward_on_one_rank(buggy: bool, in_rank: bool = False):
     so its bucket is never reduced and the iteration never finishes. Backward itself returns without
     an error; the next forward checks that the previous reduction finished, and raises. The message
     gives the indices (in `model.parameters()` order) of the parameters that got no gradient, and their
-    names when the environment variable TORCH_DISTRIBUTED_DEBUG is INFO. `find_unused_parameters=True` makes DDP walk the autograd graph after each forward and
-    mark the parameters it does not reach as ready, at the cost of that walk every step.""",
+    names when the environment variable TORCH_DISTRIBUTED_DEBUG is INFO. `find_unused_parameters=True`
+    makes DDP walk the autograd graph after each forward and mark the parameters it does not reach as
+    ready, at the cost of that walk and of one more all-reduce (which parameters each rank used) every
+    step.""",
     catch="""Remove the parameters forward does not use (or freeze them with requires_grad_(False) before
     wrapping). When the unused set is the same at every step, static_graph=True also works; use
-    find_unused_parameters=True when it changes from step to step (branches, mixture-of-experts). Run two steps of every new model under DDP before a long job: the
-    error only shows at the second.""",
+    find_unused_parameters=True when it changes from step to step (branches, mixture-of-experts). Run
+    two steps of every new model under DDP before a long job: the error only shows at the second. With
+    static_graph=True, a parameter that leaves the graph at step k raises only at step k + 1's forward,
+    after step k has already trained the ranks apart.""",
 )
 def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
     if in_rank:                                            # what each of the 2 ranks runs

@@ -265,7 +265,8 @@ def late_rank(late_rank: int = 1, barrier_timeout_s: float = 1.0) -> tuple[str, 
     return "arrived late", time.perf_counter() - start
 
 
-def train_with_unused_head(static_graph: bool = True, steps: int = 3, aux_steps: tuple[int, ...] = ()) -> dict[str, Any]:
+def train_with_unused_head(static_graph: bool = True, steps: int = 3,
+                           aux_steps: tuple[int, ...] = ()) -> dict[str, Any]:
     """Train WithAuxHead under DDP(static_graph=True), or DDP(find_unused_parameters=True) if static_graph is False.
 
     Forward uses the aux head at the steps (1-based) listed in `aux_steps` only. Returns the step at which the
