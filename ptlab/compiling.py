@@ -6,10 +6,14 @@ notebook claims about it is a ratio with a wide margin, never an absolute time.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import itertools
 import logging
 import math
+import os
+import re
+import sys
 import time
 import tokenize
 import types
@@ -73,6 +77,33 @@ def inductor_vectorizes() -> bool:
 
     with quiet_compile_logs():
         return bool(pick_vec_isa())
+
+
+def compile_threads_rule(environ: dict[str, str] | None = None, platform: str | None = None,
+                         usable_cpus: int | None = None) -> tuple[int, str]:
+    """Inductor's compile_threads as torch decides it (decide_compile_threads), and which case decided it.
+
+    TORCHINDUCTOR_COMPILE_THREADS wins; else 1 on Windows; else min(32, CPUs this process may run on:
+    len(os.sched_getaffinity(0)) where the OS has it, os.cpu_count() elsewhere). The defaults read this process.
+    (Inside Meta's fbcode builds torch has another rule.)
+    """
+    environ = os.environ if environ is None else environ
+    platform = sys.platform if platform is None else platform
+    if "TORCHINDUCTOR_COMPILE_THREADS" in environ:
+        return int(environ["TORCHINDUCTOR_COMPILE_THREADS"]), "TORCHINDUCTOR_COMPILE_THREADS"
+    if platform == "win32":
+        return 1, "Windows"
+    if usable_cpus is None:
+        usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(32, usable_cpus), f"min(32, {usable_cpus} usable CPUs)"
+
+
+def compile_pools_started() -> dict[str, bool]:
+    """Which compile pools Inductor started in this process: 'threads' (C++ builds) and 'subprocesses' (Triton's)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    return {"threads": AsyncCompile.pool.cache_info().currsize > 0,
+            "subprocesses": AsyncCompile.process_pool.cache_info().currsize > 0}
 
 
 # ---------------------------------------------------------------------------------- compile vs eager
@@ -144,6 +175,52 @@ def format_compile_table(reports: Iterable[CompileReport]) -> str:
                      f"{measured_seconds(r.compiled_seconds):<15}{measured(r.speedup, 3):<10}"
                      f"{measured(float(r.break_even_calls), 3)}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TrainingDrift:
+    """How far a compiled copy of a model drifted from the eager one over the same SGD steps."""
+
+    max_abs_diff: float                  # largest |compiled weight - eager weight| over every parameter
+    max_abs_weight: float                # largest |eager weight|: the scale of the weights
+    max_abs_update: float                # largest |eager weight after - before|: how far training moved them
+    eager_losses: tuple[float, ...]
+    compiled_losses: tuple[float, ...]
+
+    @property
+    def relative_diff(self) -> float:
+        """max_abs_diff / max_abs_weight."""
+        return self.max_abs_diff / self.max_abs_weight
+
+
+def compiled_training_drift(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
+                            lr: float = 0.01, **compile_kwargs: object) -> TrainingDrift:
+    """Train two copies of model with SGD and cross-entropy on the same batches, one eager, one torch.compile'd.
+
+    Both start from model's weights (model itself is left as it is); compile_kwargs go to torch.compile.
+    """
+    batches = list(batches)
+    if not batches:
+        raise ValueError("compiled_training_drift needs at least one (x, y) batch")
+    eager, compiled = copy.deepcopy(model), copy.deepcopy(model)
+    losses = []
+    with quiet_compile_logs():
+        for copy_, call in ((eager, eager), (compiled, torch.compile(compiled, **compile_kwargs))):
+            optimizer = torch.optim.SGD(copy_.parameters(), lr=lr)
+            losses.append([])
+            for x, y in batches:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(call(x), y)
+                loss.backward()
+                optimizer.step()
+                losses[-1].append(loss.item())
+    return TrainingDrift(_largest_diff(eager, compiled), max(w.abs().max().item() for w in eager.parameters()),
+                         _largest_diff(eager, model), tuple(losses[0]), tuple(losses[1]))
+
+
+def _largest_diff(a: nn.Module, b: nn.Module) -> float:
+    with torch.no_grad():
+        return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
 
 
 # ------------------------------------------------------------------------------------- graph breaks
@@ -235,6 +312,7 @@ class CompileCount:
     recompiles: int = 0    # graphs compiled again for code compiled before: its guards failed on a new input
     graph_runs: int = 0    # times a compiled graph ran; a call that Dynamo left to eager mode runs none
     warnings: tuple[str, ...] = ()   # first line of each warning Dynamo logged (e.g. the recompile limit), in order
+    outputs: tuple = ()    # what each call returned, in order (to compare with eager)
 
 
 class _Collect(logging.Handler):
@@ -273,7 +351,7 @@ def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None
     The backend runs each captured graph as it is (no Inductor), so counting costs tracing only.
     `mark_dynamic_dims={arg_index: dim}` calls torch._dynamo.mark_dynamic on that argument of the first call.
     Dynamo's warnings during the calls (such as 'torch._dynamo hit config.recompile_limit (8)') are
-    collected in the result instead of printed.
+    collected in the result instead of printed, and so is what each call returned.
     """
     from torch._guards import CompileContext
 
@@ -299,10 +377,98 @@ def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None
         torch._dynamo.mark_dynamic(calls[0][arg_index], dim)
     start = time.perf_counter()
     with _dynamo_warnings_collected() as logged:
+        outputs = tuple(compiled(*args) for args in calls)
+    return CompileCount(len(compiles), time.perf_counter() - start, sum(1 for n in compiles if n > 0), runs[0],
+                        tuple(logged), outputs)
+
+
+# ------------------------------------------------------------------------------- TORCH_LOGS in-process
+_LOGGED = ("graph_breaks", "recompiles")
+
+
+@dataclass(frozen=True)
+class CompileLogs:
+    """What TORCH_LOGS="graph_breaks,recompiles" logged over some calls: each message whole, and its reasons."""
+
+    graph_breaks: tuple[str, ...]   # each graph-break message, whole (it names files and lines of this machine)
+    recompiles: tuple[str, ...]     # each recompile message, whole
+
+    @property
+    def break_reasons(self) -> list[str]:
+        """Per graph break, its kind: the line before '  Explanation:' (the reason without paths)."""
+        reasons = []
+        for message in self.graph_breaks:
+            lines = [line for line in message.splitlines() if line.strip()]
+            at = next((i for i, line in enumerate(lines) if line.startswith("  Explanation:")), 0)
+            reasons.append(lines[at - 1].removeprefix("Graph Break Reason: ").strip() if at else lines[0])
+        return reasons
+
+    @property
+    def recompile_reasons(self) -> list[list[str]]:
+        """Per recompile, the guard failures that caused it, without Dynamo's frame/graph ids ('0/1: ')."""
+        return [[re.sub(r"^- \d+/\d+: ", "", line.strip()) for line in message.splitlines()
+                 if line.strip().startswith("- ")] for message in self.recompiles]
+
+    def __str__(self) -> str:
+        out = [f"graph break: {reason}" for reason in self.break_reasons]
+        out += [f"recompile:   {'; '.join(failures)}" for failures in self.recompile_reasons]
+        return "\n".join(out) or "nothing logged"
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.name.rpartition(".__")[2], record.getMessage()))
+
+
+@contextlib.contextmanager
+def _artifacts_logged():
+    """Inside the block, Dynamo's graph_breaks and recompiles logs go to a list; afterwards all is as it was."""
+    import torch._dynamo  # noqa: F401  (its modules create the artifact loggers)
+    from torch._logging import _internal
+
+    loggers = [logging.getLogger(q) for q in _internal.log_registry.get_artifact_log_qnames()]
+    loggers = [lg for lg in loggers if getattr(lg, "artifact_name", None) in _LOGGED]
+    handler = _Records()
+    saved = [(lg.level, lg.handlers[:], lg.propagate) for lg in loggers]
+    added = set(_LOGGED) - _internal.log_state.artifact_names      # left enabled afterwards if TORCH_LOGS set them
+    _internal.log_state.artifact_names.update(added)
+    for lg in loggers:
+        lg.setLevel(logging.DEBUG)
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+    try:
+        yield handler.records
+    finally:
+        _internal.log_state.artifact_names.difference_update(added)
+        for lg, (level, handlers, propagate) in zip(loggers, saved):
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+
+
+def capture_compile_logs(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
+                         backend: str = "eager") -> CompileLogs:
+    """Compile fn, call it on each args tuple, and return what TORCH_LOGS="graph_breaks,recompiles" would print.
+
+    The logs are collected in-process instead of printed, and torch's logging is left as it was. A plain
+    function is compiled as a fresh copy, so nothing compiled before counts. backend="eager" traces, breaks and
+    recompiles as Dynamo does for Inductor, without code generation.
+    """
+    if not callable(fn):
+        raise TypeError(f"capture_compile_logs needs a callable, got {type(fn).__name__}")
+    calls = [tuple(c) for c in calls]
+    if not calls:
+        raise ValueError("capture_compile_logs needs at least one call (a tuple of arguments)")
+    compiled = torch.compile(_fresh_copy(fn), backend=backend, dynamic=dynamic)
+    with quiet_compile_logs(), _artifacts_logged() as records:
         for args in calls:
             compiled(*args)
-    return CompileCount(len(compiles), time.perf_counter() - start, sum(1 for n in compiles if n > 0), runs[0],
-                        tuple(logged))
+    return CompileLogs(tuple(m for name, m in records if name == "graph_breaks"),
+                       tuple(m for name, m in records if name == "recompiles"))
 
 
 # Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).

@@ -321,3 +321,158 @@ def test_explain_breaks_throws_away_what_was_compiled_before():
     explain_breaks(lambda t: t + 1, x)
     compiled(x)
     assert len(compiles) == 2, "the docstring says explain resets Dynamo: the function must compile again"
+
+
+def test_count_compiles_returns_what_each_call_returned():
+    def f(x):
+        return x * 2
+
+    calls = [(torch.ones(2),), (torch.full((3,), 5.0),)]
+    counted = count_compiles(f, calls)
+    assert len(counted.outputs) == 2
+    assert torch.equal(counted.outputs[0], torch.full((2,), 2.0))
+    assert torch.equal(counted.outputs[1], torch.full((3,), 10.0))
+
+
+def test_compile_threads_rule_follows_torchs_decide_compile_threads(monkeypatch):
+    import os
+    import sys
+
+    import torch._inductor.config as inductor_config
+
+    from ptlab.compiling import compile_threads_rule
+
+    assert compile_threads_rule({"TORCHINDUCTOR_COMPILE_THREADS": "3"}, "linux", 8) == (3,
+                                                                                        "TORCHINDUCTOR_COMPILE_THREADS")
+    assert compile_threads_rule({}, "win32", 8) == (1, "Windows")
+    assert compile_threads_rule({}, "linux", 64) == (32, "min(32, 64 usable CPUs)")
+    assert compile_threads_rule({}, "darwin", 2) == (2, "min(32, 2 usable CPUs)")
+    # torch's own rule, in this process and with the variable set: the same numbers
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    assert compile_threads_rule()[0] == inductor_config.decide_compile_threads()
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    assert compile_threads_rule() == (1, "TORCHINDUCTOR_COMPILE_THREADS")
+    assert inductor_config.decide_compile_threads() == 1
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert compile_threads_rule()[0] == inductor_config.decide_compile_threads() == 1
+    monkeypatch.setattr(sys, "platform", "linux")
+    if hasattr(os, "sched_getaffinity"):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+        assert compile_threads_rule() == (3, "min(32, 3 usable CPUs)")
+        assert inductor_config.decide_compile_threads() == 3
+
+
+@pytest.mark.slow
+def test_a_kernel_build_starts_the_thread_pool_exactly_when_compile_threads_is_above_one():
+    """Two fresh processes, caches off: compile_threads 2 builds on a thread pool, 1 starts no pool at all."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import torch, warnings\nfrom ptlab.compiling import compile_pools_started, quiet_compile_logs\n"
+             "before = compile_pools_started()\nwarnings.simplefilter('ignore')\n"
+             "with quiet_compile_logs(), torch.compiler.config.patch(force_disable_caches=True):\n"
+             "    torch.compile(lambda x: torch.cos(x) * 3)(torch.randn(5))\nprint(before, compile_pools_started())")
+    for threads, pools in (("2", {"threads": True, "subprocesses": False}),
+                           ("1", {"threads": False, "subprocesses": False})):
+        env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600,
+                              check=True)
+        assert done.stdout.split("} {")[0] + "}" == str({"threads": False, "subprocesses": False})
+        assert done.stdout.strip().endswith(str(pools)), done.stdout
+
+
+def test_compiled_training_drift_matches_eager_and_leaves_the_model_alone():
+    from ptlab.compiling import compiled_training_drift
+
+    torch.manual_seed(0)
+    model = make_mlp(in_features=8, hidden=16, num_classes=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    batches = [(torch.randn(16, 8), torch.randint(0, 3, (16,))) for _ in range(3)]
+    drift = compiled_training_drift(model, batches, lr=0.1, backend="aot_eager")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "the model itself is not trained"
+    assert len(drift.eager_losses) == len(drift.compiled_losses) == 3
+    assert drift.compiled_losses == pytest.approx(drift.eager_losses, abs=1e-6)
+    assert drift.max_abs_diff <= 1e-6 and drift.max_abs_update > 1e-3     # trained, the same way
+    assert drift.relative_diff == drift.max_abs_diff / drift.max_abs_weight
+    # the eager side is plain SGD: redo its steps by hand and compare
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in batches:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert drift.max_abs_update == max((a - b).abs().max().item() for a, b in zip(model.parameters(), before))
+    with pytest.raises(ValueError, match="at least one"):
+        compiled_training_drift(model, [])
+
+
+def test_compiled_training_drift_sees_a_compiled_model_that_trains_differently():
+    from ptlab.compiling import compiled_training_drift
+
+    class DropsUnderCompile(nn.Module):                      # a different computation when traced
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.linear(x * 0.5 if torch.compiler.is_compiling() else x)
+
+    torch.manual_seed(0)
+    drift = compiled_training_drift(DropsUnderCompile(), [(torch.randn(8, 4), torch.randint(0, 2, (8,)))] * 3,
+                                    lr=0.5, backend="eager")
+    assert drift.max_abs_diff > 1e-3 and drift.compiled_losses[0] != drift.eager_losses[0]
+
+
+def test_capture_compile_logs_names_breaks_and_one_recompile_per_new_size():
+    from ptlab.compiling import capture_compile_logs
+
+    def with_branch(x):
+        y = torch.sin(x)
+        if y.sum() > 0:
+            return torch.cos(y)
+        return torch.exp(y)
+
+    def double(x):
+        return x * 2
+
+    logs = capture_compile_logs(with_branch, [(torch.ones(3),)])
+    assert logs.break_reasons == ["Data-dependent branching"] and logs.recompiles == ()
+    assert logs.graph_breaks[0].startswith("Graph break in user code at ")
+    again = capture_compile_logs(with_branch, [(torch.ones(3),)])            # Dynamo shortens a repeated break
+    assert again.break_reasons == ["Data-dependent branching"]
+    static = capture_compile_logs(double, [(torch.ones(b),) for b in (2, 3, 4)], dynamic=False)
+    assert static.graph_breaks == () and len(static.recompiles) == 2           # one per new size
+    assert static.recompile_reasons[0] == ["tensor 'x' size mismatch at index 0. expected 2, actual 3"]
+    assert len(static.recompile_reasons[1]) == 2                              # batch 4 failed both graphs' guards
+    assert str(static).splitlines()[0] == "recompile:   tensor 'x' size mismatch at index 0. expected 2, actual 3"
+    assert len(capture_compile_logs(double, [(torch.ones(b),) for b in (2, 3, 4)]).recompiles) == 1   # then dynamic
+    assert str(capture_compile_logs(double, [(torch.ones(2),)])) == "nothing logged"
+    with pytest.raises(ValueError, match="at least one call"):
+        capture_compile_logs(double, [])
+    with pytest.raises(TypeError, match="callable"):
+        capture_compile_logs(3, [(torch.ones(2),)])
+
+
+def test_capture_compile_logs_prints_nothing_and_leaves_torchs_logging_as_it_was(capfd):
+    from torch._logging import _internal
+
+    from ptlab.compiling import capture_compile_logs
+
+    def double(x):
+        return x * 2
+
+    capture_compile_logs(double, [(torch.ones(2),)])                        # dynamo's loggers exist from here on
+    loggers = [logging.getLogger(q) for q in _internal.log_registry.get_artifact_log_qnames()]
+    before = [(lg.name, lg.level, list(lg.handlers), lg.propagate) for lg in loggers]
+    artifacts = set(_internal.log_state.artifact_names)
+    capfd.readouterr()
+    logs = capture_compile_logs(double, [(torch.ones(b),) for b in (2, 3)], dynamic=False)
+    assert len(logs.recompiles) == 1
+    assert [(lg.name, lg.level, list(lg.handlers), lg.propagate) for lg in loggers] == before
+    assert _internal.log_state.artifact_names == artifacts
+    assert "Recompiling" not in capfd.readouterr().err, "collected, not printed"
+    later = torch.compile(lambda x: x + 1, backend="eager", dynamic=False)   # after the capture: nothing logged
+    later(torch.ones(2))
+    later(torch.ones(3))
+    assert "Recompiling" not in capfd.readouterr().err

@@ -1,5 +1,5 @@
-"""Chapter 8's models: an MLP, a tiny transformer block, a softmax over the sequence dim, a branch on the batch
-size, and a function wrapped as a module, each chosen for what compiling or exporting it shows."""
+"""Chapter 8's models: an MLP, a tiny transformer block, two recurrent classifiers, a softmax over the sequence dim,
+a branch on the batch size, and a function wrapped as a module, each chosen for what compiling or exporting it shows."""
 from __future__ import annotations
 
 import torch
@@ -34,6 +34,38 @@ class TinyTransformerBlock(nn.Module):
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # (B, H, T, D/H)
         x = x + self.proj(attended.transpose(1, 2).reshape(B, T, D))          # (B, T, D)
         return x + self.mlp(self.norm2(x))                                    # (B, T, D)
+
+
+class GRUClassifier(nn.Module):
+    """nn.GRU over the sequence, then a Linear on the last hidden state: (B, T, features) -> (B, num_classes)."""
+
+    def __init__(self, features: int = 8, hidden: int = 16, num_classes: int = 4) -> None:
+        super().__init__()
+        self.gru = nn.GRU(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, h = self.gru(x)                      # h: (1, B, hidden), the state after the last step
+        return self.head(h[-1])                 # (B, num_classes)
+
+
+class TimeLoopGRU(nn.Module):
+    """An nn.GRUCell stepped in a Python loop over T, then a Linear: (B, T, features) -> (B, num_classes).
+
+    With `lengths` (B,), sequence b keeps its state after step lengths[b]: padding past a length changes nothing.
+    """
+
+    def __init__(self, features: int = 8, hidden: int = 16, num_classes: int = 4) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        h = x.new_zeros(x.shape[0], self.cell.hidden_size)                   # (B, hidden)
+        for t in range(x.shape[1]):                                            # T steps: a Python int
+            stepped = self.cell(x[:, t], h)                                    # (B, hidden)
+            h = stepped if lengths is None else torch.where((t < lengths)[:, None], stepped, h)
+        return self.head(h)                                                   # (B, num_classes)
 
 
 class SoftmaxOverSequence(nn.Module):
