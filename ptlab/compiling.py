@@ -194,10 +194,12 @@ class TrainingDrift:
 
 
 def compiled_training_drift(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *,
-                            lr: float = 0.01, **compile_kwargs: object) -> TrainingDrift:
+                            lr: float = 0.01, seed: int = 0, **compile_kwargs: object) -> TrainingDrift:
     """Train two copies of model with SGD and cross-entropy on the same batches, one eager, one torch.compile'd.
 
-    Both start from model's weights (model itself is left as it is); compile_kwargs go to torch.compile.
+    Both start from model's weights (model itself is left as it is) and from the same random state (`seed`, the
+    caller's state restored after). Random ops such as Dropout still differ: Inductor draws its own random numbers
+    unless torch._inductor.config.fallback_random is True. compile_kwargs go to torch.compile.
     """
     batches = list(batches)
     if not batches:
@@ -208,12 +210,14 @@ def compiled_training_drift(model: nn.Module, batches: Iterable[tuple[torch.Tens
         for copy_, call in ((eager, eager), (compiled, torch.compile(compiled, **compile_kwargs))):
             optimizer = torch.optim.SGD(copy_.parameters(), lr=lr)
             losses.append([])
-            for x, y in batches:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(call(x), y)
-                loss.backward()
-                optimizer.step()
-                losses[-1].append(loss.item())
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)                   # both copies start from the same random state
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    loss = F.cross_entropy(call(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    losses[-1].append(loss.item())
     return TrainingDrift(_largest_diff(eager, compiled), max(w.abs().max().item() for w in eager.parameters()),
                          _largest_diff(eager, model), tuple(losses[0]), tuple(losses[1]))
 

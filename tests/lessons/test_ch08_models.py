@@ -38,5 +38,5 @@ def test_time_loop_gru_ignores_padding_past_each_length(lengths):
     padded = torch.cat([nn.functional.pad(s, (0, 0, 0, 16 - s.shape[1]), value=3.0) for s in sequences])
     out = loop(padded, torch.tensor(lengths))
     expected = torch.cat([loop(s) for s in sequences])
-    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.allclose(out, expected, atol=1e-5)
     assert not torch.allclose(loop(padded), expected, atol=1e-3), "without lengths the padding counts"
