@@ -333,19 +333,26 @@ class _Collect(logging.Handler):
 @contextlib.contextmanager
 def _dynamo_warnings_collected():
     """Inside the block, torch._dynamo's warnings go to a list instead of stderr; the other loggers stay quiet."""
-    logger = logging.getLogger("torch._dynamo")
     collect = _Collect()
-    saved = logger.level, logger.handlers[:], logger.propagate
-    with quiet_compile_logs():
-        logger.setLevel(logging.WARNING)
-        logger.handlers[:] = [collect]
-        logger.propagate = False
-        try:
-            yield collect.first_lines
-        finally:
-            logger.handlers[:] = saved[1]
-            logger.setLevel(saved[0])
-            logger.propagate = saved[2]
+    with quiet_compile_logs(), _routed([logging.getLogger("torch._dynamo")], collect, logging.WARNING):
+        yield collect.first_lines
+
+
+@contextlib.contextmanager
+def _routed(loggers: list[logging.Logger], handler: logging.Handler, level: int):
+    """Inside the block, the loggers send records from `level` up to `handler` alone; afterwards all is as it was."""
+    saved = [(lg.level, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, (old_level, handlers, propagate) in zip(loggers, saved):
+            lg.setLevel(old_level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
 
 
 def count_compiles(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
@@ -437,21 +444,13 @@ def _artifacts_logged():
     loggers = [logging.getLogger(q) for q in _internal.log_registry.get_artifact_log_qnames()]
     loggers = [lg for lg in loggers if getattr(lg, "artifact_name", None) in _LOGGED]
     handler = _Records()
-    saved = [(lg.level, lg.handlers[:], lg.propagate) for lg in loggers]
     added = set(_LOGGED) - _internal.log_state.artifact_names      # left enabled afterwards if TORCH_LOGS set them
     _internal.log_state.artifact_names.update(added)
-    for lg in loggers:
-        lg.setLevel(logging.DEBUG)
-        lg.handlers[:] = [handler]
-        lg.propagate = False
     try:
-        yield handler.records
+        with _routed(loggers, handler, logging.DEBUG):
+            yield handler.records
     finally:
         _internal.log_state.artifact_names.difference_update(added)
-        for lg, (level, handlers, propagate) in zip(loggers, saved):
-            lg.setLevel(level)
-            lg.handlers[:] = handlers
-            lg.propagate = propagate
 
 
 def capture_compile_logs(fn: Callable, calls: Iterable[tuple], *, dynamic: bool | None = None,
