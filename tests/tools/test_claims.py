@@ -46,6 +46,10 @@ def test_sanitize_masks_measured_figures_and_their_padding_only():
     assert sanitize("ratio ≈3.2x") == sanitize("ratio ≈12x") == "ratio ~MEASURED~ x"
     assert sanitize("took ≈900 µs, then") == sanitize("took ≈3.6 ms, then") == "took ~MEASURED~ , then"
     assert sanitize("in ≈14 steps") == "in ~MEASURED~ steps", "a unit-like word is not a unit"
+    # a comma after a figure is the text's, whether the figure has decimals or not; inside one it groups thousands
+    assert sanitize("up ≈0, down ≈0.0125, others") == sanitize("up ≈0.0125, down ≈0, others") \
+        == "up ~MEASURED~ , down ~MEASURED~ , others"
+    assert sanitize("≈123,457 images") == sanitize("≈9 images") == "~MEASURED~ images"
 
 
 @pytest.mark.parametrize("value, bound, holds", [
