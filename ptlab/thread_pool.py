@@ -95,10 +95,69 @@ def _measure(threads: int, loads: list[str], steps: int, batch_size: int, width:
     return {"times": times, "threads": torch.get_num_threads()}
 
 
+def _pin_every_thread(core: int) -> None:
+    """Linux: restrict every thread of this process (one entry each in /proc/self/task) to `core`; threads
+    started later inherit the mask. OpenMP counted the cores when torch was imported and does not look again."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), {core})
+
+
+def _measure_one_core(core: int, steps: int, batch_size: int, width: int) -> dict:
+    """In this process, after pinning it to `core`: SmallCNN step wall times (seconds) on 1 torch thread, then
+    on 2 (one unmeasured step first)."""
+    _pin_every_thread(core)
+    torch.manual_seed(0)
+    model = SmallCNN(width=width).train()
+    X, y = to_float_tensors(train=True)                        # (N, 3, 32, 32), (N,)
+    X, y = X[:batch_size], y[:batch_size]                      # (B, 3, 32, 32), (B,)
+
+    def step() -> float:                                       # plain SGD by hand: torch.optim's first use
+        start = time.perf_counter()                            # imports about a second's worth of modules
+        F.cross_entropy(model(X), y).backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param -= 0.05 * param.grad
+                param.grad = None
+        return time.perf_counter() - start
+
+    torch.set_num_threads(1)
+    step()                                                     # allocations and first-call costs, unmeasured
+    times = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        times[str(threads)] = [step() for _ in range(steps)]
+    return {"times": times, "cores": sorted(os.sched_getaffinity(0))}
+
+
+_CHILD_TASKS = {"measure": _measure, "one_core": _measure_one_core}
+
+
 def _child_main(spec: str) -> None:
-    """Entry point of the fresh child process: measure as `spec` (JSON) says and print the result as JSON."""
+    """Entry point of the fresh child process: run the task `spec` (JSON) names and print its result as JSON."""
     args = json.loads(spec)
-    print(json.dumps(_measure(**args)))
+    print(json.dumps(_CHILD_TASKS[args.pop("task")](**args)))
+
+
+# Variables that change how OpenMP threads wait: a measurement "with the policy unset" removes them all.
+_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def _run_child(spec: dict, wait_policy: str | None, timeout_s: float) -> dict:
+    """Run _child_main(spec) in a fresh Python started with OMP_WAIT_POLICY=`wait_policy` (None: unset, and
+    GOMP_SPINCOUNT and KMP_BLOCKTIME removed too) and return its JSON result."""
+    if wait_policy not in WAIT_POLICIES:
+        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    env = {k: v for k, v in os.environ.items() if k not in _WAIT_VARIABLES}
+    if wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = wait_policy
+    env = env_importing_this_ptlab(env)
+    # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
+    code = f"import sys; sys.path.insert(0, {PTLAB_ROOT!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True,
+                         timeout=timeout_s)
+    if run.returncode != 0:
+        raise RuntimeError(f"the measuring process failed (exit {run.returncode}): {run.stderr.strip()[-500:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -140,20 +199,63 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
     loads = list(loads)
     if not loads or any(load not in LOADS for load in loads) or len(set(loads)) != len(loads):
         raise ValueError(f"loads must be distinct names from {LOADS}, got {loads!r}")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if wait_policy is not None:
-        env["OMP_WAIT_POLICY"] = wait_policy
-    env = env_importing_this_ptlab(env)
-    spec = json.dumps({"threads": threads, "loads": loads * rounds,
-                       "steps": steps, "batch_size": batch_size, "width": width, "warmup": warmup})
-    # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
-    code = f"import sys; sys.path.insert(0, {PTLAB_ROOT!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
-    run = subprocess.run([sys.executable, "-c", code, spec], env=env, capture_output=True, text=True,
-                         timeout=timeout_s)
-    if run.returncode != 0:
-        raise RuntimeError(f"the measuring process failed (exit {run.returncode}): {run.stderr.strip()[-500:]}")
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    spec = {"task": "measure", "threads": threads, "loads": loads * rounds,
+            "steps": steps, "batch_size": batch_size, "width": width, "warmup": warmup}
+    result = _run_child(spec, wait_policy, timeout_s)
     return StepTimes(result["threads"], wait_policy, result["times"])
+
+
+@dataclass
+class OneCoreTimes:
+    """Step wall times (seconds) of one process pinned to one core, on 2 torch threads and on 1."""
+    wait_policy: str | None
+    core: int
+    times: dict[int, list[float]]
+
+    def median(self, threads: int) -> float:
+        """Median step time (seconds) on `threads` torch threads (1 or 2)."""
+        if threads not in self.times:
+            raise ValueError(f"threads must be one of {sorted(self.times)}, got {threads!r}")
+        return statistics.median(self.times[threads])
+
+    @property
+    def two_over_one(self) -> float:
+        """Median step time on 2 threads / median step time on 1 thread, both on the one core."""
+        return self.median(2) / self.median(1)
+
+
+def one_core_pinning_unavailable() -> str | None:
+    """Why one_core_step_times cannot run here, or None when it can: it needs Linux (os.sched_setaffinity
+    and /proc/self/task) and at least 2 cores this process may use."""
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):
+        return f"pinning a running process to one core needs Linux (os.sched_setaffinity); this is {sys.platform}"
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        return f"this process may use {cores} core; taking one away needs at least 2"
+    return None
+
+
+def one_core_step_times(wait_policy: str | None = None, last_core: bool = False, steps: int = 3,
+                        batch_size: int = 32, width: int = 32, timeout_s: float = 120.0) -> OneCoreTimes:
+    """A core lost, made repeatable (Linux only): in a fresh Python started with OMP_WAIT_POLICY=`wait_policy`,
+    import torch (its OpenMP runtime counts every core this process may use), then pin the process to one core
+    (the first it may use, or the last: two measurements at once each get their own) and time `steps` SmallCNN
+    training steps (forward, backward, a plain SGD update) on 1 torch thread, then on 2. Two of the pool's threads on one core is what a pool sized
+    for two cores meets when another program holds one of them."""
+    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 2), ("width", width, 1)):
+        _check_int(name, value, minimum)
+    if wait_policy not in WAIT_POLICIES:
+        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    reason = one_core_pinning_unavailable()
+    if reason is not None:
+        raise RuntimeError(reason)
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[-1] if last_core else cores[0]
+    spec = {"task": "one_core", "core": core, "steps": steps, "batch_size": batch_size, "width": width}
+    result = _run_child(spec, wait_policy, timeout_s)
+    if result["cores"] != [core]:
+        raise RuntimeError(f"the measuring process ran on cores {result['cores']}, not on core {core} alone")
+    return OneCoreTimes(wait_policy, core, {int(k): v for k, v in result["times"].items()})
 
 
 def thread_pool_comparison(threads: Sequence[int] | None = None,

@@ -125,3 +125,61 @@ def test_make_lab_starts_jupyterlab_with_the_passive_wait_policy_unless_one_is_s
     assert "\nOMP_WAIT_POLICY ?= PASSIVE\n" in makefile                       # ?=: a policy already set wins
     lab = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
     assert "env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab" in lab
+
+
+linux_with_two_cores = pytest.mark.skipif(thread_pool.one_core_pinning_unavailable() is not None,
+                                          reason=str(thread_pool.one_core_pinning_unavailable()))
+
+
+@linux_with_two_cores
+def test_one_core_step_times_pins_a_fresh_process_to_one_core_and_times_1_then_2_threads(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")      # "unset" must drop the parent's policy...
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")             # ...and libgomp's own spin setting
+    envs = []
+    real_run = thread_pool.subprocess.run
+
+    def spy(cmd, **kwargs):
+        envs.append(kwargs["env"])
+        return real_run(cmd, **kwargs)
+
+    monkeypatch.setattr(thread_pool.subprocess, "run", spy)
+    cores = sorted(os.sched_getaffinity(0))
+    first = thread_pool.one_core_step_times(None, steps=2, batch_size=4, width=2)
+    last = thread_pool.one_core_step_times("PASSIVE", last_core=True, steps=1, batch_size=4, width=2)
+    assert [e.get("OMP_WAIT_POLICY") for e in envs] == [None, "PASSIVE"]
+    assert "GOMP_SPINCOUNT" not in envs[0] and "GOMP_SPINCOUNT" not in envs[1]
+    assert (first.core, last.core) == (cores[0], cores[-1])   # the child checked it ran there and nowhere else
+    assert {k: len(v) for k, v in first.times.items()} == {1: 2, 2: 2}
+    assert {k: len(v) for k, v in last.times.items()} == {1: 1, 2: 1}
+    assert first.two_over_one == first.median(2) / first.median(1)
+    assert sorted(os.sched_getaffinity(0)) == cores       # this process was not pinned
+
+
+def test_one_core_step_times_says_why_it_cannot_run(monkeypatch):
+    monkeypatch.delattr(thread_pool.os, "sched_setaffinity", raising=False)   # as on macOS and Windows
+    monkeypatch.setattr(thread_pool.subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    reason = thread_pool.one_core_pinning_unavailable()
+    assert reason.startswith("pinning a running process to one core needs Linux")
+    with pytest.raises(RuntimeError, match="needs Linux"):
+        thread_pool.one_core_step_times()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_one_core_step_times_needs_two_cores(monkeypatch):
+    monkeypatch.setattr(thread_pool.os, "sched_getaffinity", lambda pid: {0})
+    assert thread_pool.one_core_pinning_unavailable() == "this process may use 1 core; taking one away needs at least 2"
+
+
+@pytest.mark.parametrize("kwargs", [{"steps": 0}, {"batch_size": 1}, {"width": 0}, {"wait_policy": "sleep"}])
+def test_one_core_step_times_rejects_bad_arguments_before_starting_anything(kwargs, monkeypatch):
+    monkeypatch.setattr(thread_pool.subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError):
+        thread_pool.one_core_step_times(**kwargs)
+
+
+def test_one_core_times_median_rejects_a_thread_count_it_did_not_measure():
+    run = thread_pool.OneCoreTimes(None, 0, {1: [0.04, 0.05, 0.03], 2: [0.5, 0.6, 0.4]})
+    assert (run.median(1), run.median(2)) == (0.04, 0.5)
+    assert run.two_over_one == 0.5 / 0.04
+    with pytest.raises(ValueError, match=r"threads must be one of \[1, 2\]"):
+        run.median(4)
