@@ -240,8 +240,8 @@ def one_core_step_times(wait_policy: str | None = None, last_core: bool = False,
     """A core lost, made repeatable (Linux only): in a fresh Python started with OMP_WAIT_POLICY=`wait_policy`,
     import torch (its OpenMP runtime counts every core this process may use), then pin the process to one core
     (the first it may use, or the last: two measurements at once each get their own) and time `steps` SmallCNN
-    training steps (forward, backward, a plain SGD update) on 1 torch thread, then on 2. Two of the pool's threads on one core is what a pool sized
-    for two cores meets when another program holds one of them."""
+    training steps (forward, backward, a plain SGD update) on 1 torch thread, then on 2. Two of the pool's
+    threads on one core is what a pool sized for two cores meets when another program holds one of them."""
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 2), ("width", width, 1)):
         _check_int(name, value, minimum)
     if wait_policy not in WAIT_POLICIES:
