@@ -282,12 +282,25 @@ def _ratio_line(results: list[StepTimes], load: str) -> str | None:
 
 def thread_report(batch_size: int = 32, **kwargs) -> list[str]:
     """The lines `make bench` prints: SmallCNN step times on 1 thread and on every core, OpenMP wait policy
-    unset and PASSIVE, quiet and beside one busy process, with the ratios. Information only: any failure
-    gives one 'skipped' line."""
+    unset and PASSIVE, quiet and beside one busy process, with the ratios; then chapter 3's pitfall, a core
+    lost (one_core_line). Information only: any failure gives a 'skipped' line."""
     try:
-        return _report_lines(thread_pool_comparison(batch_size=batch_size, **kwargs), batch_size)
+        lines = _report_lines(thread_pool_comparison(batch_size=batch_size, **kwargs), batch_size)
     except Exception as err:  # information, not a verdict: say why it is missing
-        return [f"thread-pool step times skipped: {type(err).__name__}: {err}"]
+        lines = [f"thread-pool step times skipped: {type(err).__name__}: {err}"]
+    return lines + [one_core_line(batch_size=batch_size)]
+
+
+def one_core_line(**kwargs) -> str:
+    """One line: the step time on 2 threads / on 1 thread in a process pinned to one core after torch started,
+    with the wait policy unset and PASSIVE (one_core_step_times; kwargs go to it), or why it was skipped."""
+    name = "a core lost (chapter 3's pitfall): step on 2 threads / on 1, one core"
+    try:
+        unset, passive = (one_core_step_times(policy, last_core=last, **kwargs).two_over_one
+                          for policy, last in ((None, False), ("PASSIVE", True)))
+        return f"{name}: OMP_WAIT_POLICY unset {unset:.2f}x, PASSIVE {passive:.2f}x"
+    except Exception as err:  # information, not a verdict
+        return f"{name}: skipped: {type(err).__name__}: {err}"
 
 
 def _report_lines(results: list, batch_size: int) -> list[str]:

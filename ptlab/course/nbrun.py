@@ -251,7 +251,8 @@ def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
     """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
     checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
     table, chapter 8's speed ladder, the watch's overhead on chapter 4's step and the thread pool's step times
-    quiet and beside a busy process (ptlab.thread_pool.thread_report), then every budget that was broken."""
+    quiet, beside a busy process and pinned to one core (ptlab.thread_pool.thread_report), then every budget
+    that was broken."""
     from tqdm.auto import tqdm
 
     runs, problems = [], []

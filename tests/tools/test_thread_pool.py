@@ -101,13 +101,18 @@ def test_thread_report_has_one_row_per_configuration_and_the_wait_policy_ratios(
     results = [_fake(1, None, 0.060, 0.065), _fake(1, "PASSIVE", 0.060, 0.066),
                _fake(2, None, 0.040, 0.600), _fake(2, "PASSIVE", 0.042, 0.090)]
     monkeypatch.setattr(thread_pool, "thread_pool_comparison", lambda **kwargs: results)
+    pinned = {None: {1: [0.04], 2: [0.52]}, "PASSIVE": {1: [0.04], 2: [0.05]}}
+    monkeypatch.setattr(thread_pool, "one_core_step_times",
+                        lambda policy, last_core, **kw: thread_pool.OneCoreTimes(policy, int(last_core), pinned[policy]))
     lines = thread_report()
     assert lines[0].startswith("Torch's thread pool (chapter 3): SmallCNN training step, batch 32, median ms")
     rows = lines[2:6]
     assert rows[2].split()[:5] == ["2", "threads,", "OMP_WAIT_POLICY=unset", "40.0", "600.0"]
     assert "15.00x" in rows[2]                                  # busy / quiet
     assert lines[6:] == ["quiet: OMP_WAIT_POLICY unset / PASSIVE on 2 threads: 0.95x",
-                         "busy: OMP_WAIT_POLICY unset / PASSIVE on 2 threads: 6.67x"]
+                         "busy: OMP_WAIT_POLICY unset / PASSIVE on 2 threads: 6.67x",
+                         "a core lost (chapter 3's pitfall): step on 2 threads / on 1, one core: "
+                         "OMP_WAIT_POLICY unset 13.00x, PASSIVE 1.25x"]
 
 
 def test_thread_report_says_why_it_was_skipped(monkeypatch):
@@ -115,7 +120,10 @@ def test_thread_report_says_why_it_was_skipped(monkeypatch):
         raise RuntimeError("no torch here")
 
     monkeypatch.setattr(thread_pool, "thread_pool_comparison", broken)
-    assert thread_report() == ["thread-pool step times skipped: RuntimeError: no torch here"]
+    monkeypatch.setattr(thread_pool, "one_core_pinning_unavailable", lambda: "pinning needs Linux; this is darwin")
+    assert thread_report() == ["thread-pool step times skipped: RuntimeError: no torch here",
+                               "a core lost (chapter 3's pitfall): step on 2 threads / on 1, one core: skipped: "
+                               "RuntimeError: pinning needs Linux; this is darwin"]
 
 
 def test_make_lab_starts_jupyterlab_with_the_passive_wait_policy_unless_one_is_set():
