@@ -28,8 +28,12 @@ def _pitfalls(args: argparse.Namespace) -> int:
         except KeyError as err:
             print(err.args[0], file=sys.stderr)
             return 2
-        outcome = record.run(buggy=not args.fixed)
         print(f"{record.id} ({'fixed' if args.fixed else 'bug on'}): {record.title}")
+        reason = record.unavailable_reason()
+        if reason is not None:
+            print(f"  skipped: {reason}")
+            return 0
+        outcome = record.run(buggy=not args.fixed)
         for name, value in outcome.formatted_figures().items():
             print(f"  {name}: {value}")
         print(f"  symptom shows: {outcome.broken} (every check holds)" if outcome.broken

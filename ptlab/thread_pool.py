@@ -105,6 +105,7 @@ def _pin_every_thread(core: int) -> None:
 def _measure_one_core(core: int, steps: int, batch_size: int, width: int) -> dict:
     """In this process, after pinning it to `core`: SmallCNN step wall times (seconds) on 1 torch thread, then
     on 2 (one unmeasured step first)."""
+    cores_at_start = len(os.sched_getaffinity(0))              # what OpenMP counted when torch was imported
     _pin_every_thread(core)
     torch.manual_seed(0)
     model = SmallCNN(width=width).train()
@@ -122,11 +123,13 @@ def _measure_one_core(core: int, steps: int, batch_size: int, width: int) -> dic
 
     torch.set_num_threads(1)
     step()                                                     # allocations and first-call costs, unmeasured
-    times = {}
+    times, pool_sizes = {}, {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
         times[str(threads)] = [step() for _ in range(steps)]
-    return {"times": times, "cores": sorted(os.sched_getaffinity(0))}
+        pool_sizes[str(threads)] = torch.get_num_threads()
+    masks = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
+    return {"times": times, "pool_sizes": pool_sizes, "cores_at_start": cores_at_start, "thread_masks": masks}
 
 
 _CHILD_TASKS = {"measure": _measure, "one_core": _measure_one_core}
@@ -207,10 +210,14 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
 
 @dataclass
 class OneCoreTimes:
-    """Step wall times (seconds) of one process pinned to one core, on 2 torch threads and on 1."""
+    """Step wall times (seconds) of one process pinned to one core, on 2 torch threads and on 1, with what the
+    process saw: the cores it could use when torch started, and how many OS threads it had at the end (each
+    checked to be on `core` alone)."""
     wait_policy: str | None
     core: int
     times: dict[int, list[float]]
+    cores_at_start: int = 0
+    os_threads: int = 0
 
     def median(self, threads: int) -> float:
         """Median step time (seconds) on `threads` torch threads (1 or 2)."""
@@ -241,7 +248,9 @@ def one_core_step_times(wait_policy: str | None = None, last_core: bool = False,
     import torch (its OpenMP runtime counts every core this process may use), then pin the process to one core
     (the first it may use, or the last: two measurements at once each get their own) and time `steps` SmallCNN
     training steps (forward, backward, a plain SGD update) on 1 torch thread, then on 2. Two of the pool's
-    threads on one core is what a pool sized for two cores meets when another program holds one of them."""
+    threads on one core is the extreme of what a pool sized for two cores meets when another program keeps one
+    of them busy. The child reports its threads' CPU masks, its pool sizes and its cores at start; anything
+    other than every thread on the one core, 1 then 2 torch threads, and 2 cores or more at start is an error."""
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 2), ("width", width, 1)):
         _check_int(name, value, minimum)
     if wait_policy not in WAIT_POLICIES:
@@ -253,9 +262,13 @@ def one_core_step_times(wait_policy: str | None = None, last_core: bool = False,
     core = cores[-1] if last_core else cores[0]
     spec = {"task": "one_core", "core": core, "steps": steps, "batch_size": batch_size, "width": width}
     result = _run_child(spec, wait_policy, timeout_s)
-    if result["cores"] != [core]:
-        raise RuntimeError(f"the measuring process ran on cores {result['cores']}, not on core {core} alone")
-    return OneCoreTimes(wait_policy, core, {int(k): v for k, v in result["times"].items()})
+    if any(mask != [core] for mask in result["thread_masks"]):
+        raise RuntimeError(f"the measuring process's threads ran on {result['thread_masks']}, not on core {core} alone")
+    if result["pool_sizes"] != {"1": 1, "2": 2} or result["cores_at_start"] < 2:
+        raise RuntimeError(f"the measuring process had {result['pool_sizes']} torch threads and "
+                           f"{result['cores_at_start']} cores at start, not 1 then 2 threads on 2 cores or more")
+    return OneCoreTimes(wait_policy, core, {int(k): v for k, v in result["times"].items()},
+                        result["cores_at_start"], len(result["thread_masks"]))
 
 
 def thread_pool_comparison(threads: Sequence[int] | None = None,

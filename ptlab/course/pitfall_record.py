@@ -50,6 +50,10 @@ class Outcome:
         return {name: show(value) for name, value in self.figures.items()}
 
 
+class PitfallUnavailable(RuntimeError):
+    """A pitfall's reproduction cannot run on this machine (its record's `unavailable` says why)."""
+
+
 @dataclass(frozen=True)
 class Pitfall:
     """A registered pitfall: who it is, what goes wrong, why, how to catch it, and its reproduction."""
@@ -64,13 +68,23 @@ class Pitfall:
     # The reproduction only starts other processes and reads what they did: nothing of this process's torch
     # state is used, so compare_pitfall may run the buggy and the fixed way at the same time.
     in_subprocesses: bool = False
+    # Why the reproduction cannot run on this machine (it needs Linux, fork, ...), or None where it can.
+    unavailable: Callable[[], str | None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        """Why this pitfall cannot run here, or None when it can."""
+        return self.unavailable() if self.unavailable is not None else None
 
     def run(self, buggy: bool = True) -> Outcome:
         """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured.
 
         Reproductions seed what they use; the caller's torch (CPU and CUDA), NumPy and `random`
         states are restored afterwards, so running a pitfall never changes the learner's own results.
+        A pitfall that cannot run on this machine raises PitfallUnavailable, which says why.
         """
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise PitfallUnavailable(f"pitfall {self.id!r} cannot run here: {reason}")
         with preserved_random_state():
             outcome = self.reproduce(buggy=bool(buggy))
         if not isinstance(outcome, Outcome):
@@ -120,8 +134,10 @@ def _marker(line: str) -> str | None:
     return None
 
 
-def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str, in_subprocesses: bool = False):
-    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record (in_subprocesses: see Pitfall)."""
+def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch: str, in_subprocesses: bool = False,
+            unavailable: Callable[[], str | None] | None = None):
+    """Register a reproduction `fn(buggy: bool) -> Outcome` as a pitfall record (in_subprocesses and
+    unavailable: see Pitfall)."""
 
     def register(fn: Callable[[bool], Outcome]) -> Callable[[bool], Outcome]:
         if not _ID_PATTERN.match(id):
@@ -130,7 +146,7 @@ def pitfall(*, id: str, chapter: int, title: str, symptom: str, why: str, catch:
         if "buggy" not in inspect.signature(fn).parameters:
             raise TypeError(f"pitfall {id!r}: the reproduction must take a `buggy` argument")
         record = Pitfall(id, chapter, title, symptom, " ".join(why.split()), " ".join(catch.split()), fn,
-                         bool(in_subprocesses))
+                         bool(in_subprocesses), unavailable)
         markers = {m for _, m in record.marked_lines()}
         if not {"BUG", "FIX"} <= markers:
             raise ValueError(f"pitfall {id!r}: mark the differing lines with '# BUG' and '# FIX' comments")

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ptlab.claims import MEASURED, Check, claim
-from ptlab.course.pitfall_record import Outcome, Pitfall, pitfall, registered
+from ptlab.course.pitfall_record import Outcome, Pitfall, PitfallUnavailable, pitfall, registered
 from ptlab.course.topics import import_lesson_modules
 
-__all__ = ["Check", "Outcome", "Pitfall", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "compare_pitfall",
+__all__ = ["Check", "Outcome", "Pitfall", "PitfallUnavailable", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "compare_pitfall",
            "PitfallComparison"]
 
 
@@ -86,13 +86,18 @@ class PitfallComparison:
         pass
 
 
-def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison:
+def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison | None:
     """Run a pitfall buggy and fixed, print the figures side by side, and assert each check both ways.
 
-    With the bug on, every check must hold (the symptom shows); fixed, none may (it is gone).
+    With the bug on, every check must hold (the symptom shows); fixed, none may (it is gone). A pitfall
+    that cannot run on this machine prints why ("skipped: ...") and returns None.
     """
     record = get_pitfall(pitfall_id)
     print(record.id, flush=True)          # the table's first line, shown at once: both runs can take seconds
+    reason = record.unavailable_reason()
+    if reason is not None:                # it needs what this machine lacks: say so, claim nothing
+        print(f"skipped: {reason}")
+        return None
     if record.in_subprocesses:            # both ways at once: each only waits for its own processes
         from concurrent.futures import ThreadPoolExecutor
 

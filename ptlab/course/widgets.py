@@ -9,7 +9,7 @@ import ipywidgets as widgets
 from IPython.display import display
 
 from ptlab.course.pitfall_record import CHECK_MARK
-from ptlab.course.pitfalls import Outcome, Pitfall, get_pitfall
+from ptlab.course.pitfalls import Outcome, Pitfall, PitfallUnavailable, get_pitfall
 from ptlab.plots import plot_series, show_figure
 
 _LINE_STYLE = {
@@ -85,6 +85,10 @@ class PitfallWidget(widgets.VBox):
             self.output.clear_output(wait=True)
             try:
                 outcome = self.record.run(buggy=buggy)
+            except PitfallUnavailable as err:  # not a failure: this machine lacks what the pitfall needs
+                self.status.value = "skipped: it cannot run on this machine (reason below)"
+                print(f"skipped: {err}")
+                return
             except Exception:  # show the learner everything, lose nothing
                 self.status.value = "the run raised an exception (shown below)"
                 print(traceback.format_exc())

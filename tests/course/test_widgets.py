@@ -49,3 +49,14 @@ def test_a_reproduction_that_raises_is_reported_not_lost():
     widget.run()
     assert "raised an exception" in widget.status.value
     assert widget.last_outcome is None and not widget.run_button.disabled
+
+
+def test_a_pitfall_that_cannot_run_here_says_skipped_not_a_traceback():
+    def never(buggy: bool) -> Outcome:
+        raise AssertionError("the reproduction ran")
+
+    record = Pitfall("needs-linux", 0, "t", "s", "w", "c", never, unavailable=lambda: "needs Linux; this is win32")
+    widget = PitfallWidget(record)
+    widget.run()
+    assert widget.status.value == "skipped: it cannot run on this machine (reason below)"
+    assert widget.last_outcome is None and not widget.run_button.disabled

@@ -10,8 +10,15 @@ def test_registry_is_not_empty_and_covers_chapter_1():
     assert len(all_pitfalls(chapter=1)) >= 4
 
 
+def _skip_if_unavailable(record):
+    reason = record.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{record.id}: {reason}")
+
+
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_buggy_run_shows_every_check(record):
+    _skip_if_unavailable(record)
     outcome = record.run(buggy=True)
     failed = [c.line() for c in outcome.checks if not c.holds]
     assert outcome.broken and not failed, f"{record.id}: with the bug on these checks fail: {failed}"
@@ -19,6 +26,7 @@ def test_buggy_run_shows_every_check(record):
 
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_fixed_run_shows_no_check(record):
+    _skip_if_unavailable(record)
     outcome = record.run(buggy=False)
     held = [c.line() for c in outcome.checks if c.holds]
     assert not outcome.broken and not held, f"{record.id}: fixed, these symptom checks still hold: {held}"
@@ -27,6 +35,7 @@ def test_fixed_run_shows_no_check(record):
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_both_runs_check_the_same_statements(record):
     """The fixed run is judged by the very checks that showed the bug."""
+    _skip_if_unavailable(record)
     buggy, fixed = record.run(buggy=True), record.run(buggy=False)
     assert [(c.what, c.bound) for c in buggy.checks] == [(c.what, c.bound) for c in fixed.checks]
 
@@ -125,3 +134,34 @@ def test_compare_runs_both_ways_at_once_only_for_subprocess_reproductions(monkey
     (a_start, a_end), (b_start, b_end) = sorted(spans)
     overlapped = b_start < a_end
     assert overlapped == in_subprocesses
+
+
+def test_a_pitfall_that_cannot_run_here_says_why_everywhere(monkeypatch, capsys):
+    """The record's `unavailable` hook: run() raises PitfallUnavailable, compare_pitfall prints a skip line and
+    claims nothing, the command line prints it too, and the reproduction is never called."""
+    from ptlab.__main__ import main
+    from ptlab.course import pitfalls as registry
+    from ptlab.course.pitfall_record import Pitfall, PitfallUnavailable
+
+    def reproduce(buggy: bool) -> Outcome:
+        pytest.fail("the reproduction ran")
+
+    record = Pitfall("needs-linux", 3, "t", "s", "w", "c", reproduce, unavailable=lambda: "needs Linux; this is darwin")
+    assert record.unavailable_reason() == "needs Linux; this is darwin"
+    with pytest.raises(PitfallUnavailable, match="pitfall 'needs-linux' cannot run here: needs Linux; this is darwin"):
+        record.run(buggy=True)
+    monkeypatch.setattr(registry, "get_pitfall", lambda _id: record)
+    assert registry.compare_pitfall("needs-linux") is None
+    assert capsys.readouterr().out == "needs-linux\nskipped: needs Linux; this is darwin\n"
+    assert main(["pitfalls", "run", "needs-linux"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "  skipped: needs Linux; this is darwin"
+
+
+def test_every_pitfall_runs_on_this_course_machine_kind():
+    """Linux with 2 cores or more (CI, the course's machines): no pitfall may skip itself here."""
+    import os
+    import sys
+
+    if sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("not a course machine")
+    assert [p.id for p in PITFALLS if p.unavailable_reason() is not None] == []

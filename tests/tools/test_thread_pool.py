@@ -156,7 +156,11 @@ def test_one_core_step_times_pins_a_fresh_process_to_one_core_and_times_1_then_2
     last = thread_pool.one_core_step_times("PASSIVE", last_core=True, steps=1, batch_size=4, width=2)
     assert [e.get("OMP_WAIT_POLICY") for e in envs] == [None, "PASSIVE"]
     assert "GOMP_SPINCOUNT" not in envs[0] and "GOMP_SPINCOUNT" not in envs[1]
-    assert (first.core, last.core) == (cores[0], cores[-1])   # the child checked it ran there and nowhere else
+    assert (first.core, last.core) == (cores[0], cores[-1])
+    # The child ran every OS thread on that core alone (one_core_step_times raises otherwise), pinned after torch
+    # started on every core, and its pool had 2 threads in the 2-thread phase: a worker thread besides the main one.
+    assert first.cores_at_start == last.cores_at_start == len(cores)
+    assert first.os_threads >= 2 and last.os_threads >= 2
     assert {k: len(v) for k, v in first.times.items()} == {1: 2, 2: 2}
     assert {k: len(v) for k, v in last.times.items()} == {1: 1, 2: 1}
     assert first.two_over_one == first.median(2) / first.median(1)
@@ -191,3 +195,20 @@ def test_one_core_times_median_rejects_a_thread_count_it_did_not_measure():
     assert run.two_over_one == 0.5 / 0.04
     with pytest.raises(ValueError, match=r"threads must be one of \[1, 2\]"):
         run.median(4)
+
+
+@linux_with_two_cores
+@pytest.mark.parametrize("change, message", [
+    ({"thread_masks": [[0], [0, 1]]}, "not on core 0 alone"),                  # a thread escaped the pin
+    ({"pool_sizes": {"1": 1, "2": 1}}, "not 1 then 2 threads"),               # the pool never grew to 2
+    ({"cores_at_start": 1}, "not 1 then 2 threads on 2 cores or more"),       # pinned before torch started
+])
+def test_one_core_step_times_refuses_a_child_that_did_not_measure_the_pitfall(change, message, monkeypatch):
+    good = {"times": {"1": [0.04], "2": [0.5]}, "pool_sizes": {"1": 1, "2": 2}, "cores_at_start": 2,
+            "thread_masks": [[0], [0]]}
+    monkeypatch.setattr(thread_pool.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(thread_pool, "_run_child", lambda spec, policy, timeout: {**good, **change})
+    with pytest.raises(RuntimeError, match=message):
+        thread_pool.one_core_step_times()
+    monkeypatch.setattr(thread_pool, "_run_child", lambda spec, policy, timeout: good)
+    assert thread_pool.one_core_step_times().two_over_one == 0.5 / 0.04

@@ -223,6 +223,15 @@ def numpy_rng_in_init(buggy: bool) -> Outcome:
     )
 
 
+def _no_fork() -> str | None:
+    """Why the fork pitfall cannot run here (Windows has no fork), or None."""
+    import multiprocessing
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return None
+    return "this platform has no fork (Windows), and this pitfall measures fork's copy-on-write sharing"
+
+
 @pitfall(
     id="python-objects-per-worker", chapter=3,
     title="A Dataset of millions of Python objects is copied into every forked worker",
@@ -237,6 +246,7 @@ def numpy_rng_in_init(buggy: bool) -> Outcome:
     unpickles its own copy of whatever the dataset holds, arrays included: there keep big data in a file that
     each worker memory-maps (np.load(path, mmap_mode="r")) or opens itself. Measure:
     psutil.Process(pid).memory_full_info().uss of each worker after an epoch.""",
+    unavailable=_no_fork,
 )
 def python_objects_per_worker(buggy: bool) -> Outcome:
     values = np.random.default_rng(0).random(4_000_000)                      # (4M,) float64, 31 MiB
