@@ -7,7 +7,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -107,6 +107,7 @@ def _measure_one_core(core: int, steps: int, batch_size: int, width: int) -> dic
     on 2 (one unmeasured step first)."""
     cores_at_start = len(os.sched_getaffinity(0))              # what OpenMP counted when torch was imported
     _pin_every_thread(core)
+    torch.set_num_threads(1)                                   # no OpenMP worker before the 2-thread steps
     torch.manual_seed(0)
     model = SmallCNN(width=width).train()
     X, y = to_float_tensors(train=True)                        # (N, 3, 32, 32), (N,)
@@ -121,15 +122,16 @@ def _measure_one_core(core: int, steps: int, batch_size: int, width: int) -> dic
                 param.grad = None
         return time.perf_counter() - start
 
-    torch.set_num_threads(1)
     step()                                                     # allocations and first-call costs, unmeasured
-    times, pool_sizes = {}, {}
+    times, pool_sizes, os_threads = {}, {}, {}
     for threads in (1, 2):
         torch.set_num_threads(threads)
         times[str(threads)] = [step() for _ in range(steps)]
         pool_sizes[str(threads)] = torch.get_num_threads()
+        os_threads[str(threads)] = len(os.listdir("/proc/self/task"))
     masks = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")]
-    return {"times": times, "pool_sizes": pool_sizes, "cores_at_start": cores_at_start, "thread_masks": masks}
+    return {"times": times, "pool_sizes": pool_sizes, "os_threads": os_threads, "cores_at_start": cores_at_start,
+            "thread_masks": masks}
 
 
 _CHILD_TASKS = {"measure": _measure, "one_core": _measure_one_core}
@@ -211,13 +213,13 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
 @dataclass
 class OneCoreTimes:
     """Step wall times (seconds) of one process pinned to one core, on 2 torch threads and on 1, with what the
-    process saw: the cores it could use when torch started, and how many OS threads it had at the end (each
-    checked to be on `core` alone)."""
+    process saw: the cores it could use when torch started, and how many OS threads it had after the steps on
+    each torch thread count (every one checked to be on `core` alone)."""
     wait_policy: str | None
     core: int
     times: dict[int, list[float]]
     cores_at_start: int = 0
-    os_threads: int = 0
+    os_threads: dict[int, int] = field(default_factory=dict)
 
     def median(self, threads: int) -> float:
         """Median step time (seconds) on `threads` torch threads (1 or 2)."""
@@ -268,7 +270,7 @@ def one_core_step_times(wait_policy: str | None = None, last_core: bool = False,
         raise RuntimeError(f"the measuring process had {result['pool_sizes']} torch threads and "
                            f"{result['cores_at_start']} cores at start, not 1 then 2 threads on 2 cores or more")
     return OneCoreTimes(wait_policy, core, {int(k): v for k, v in result["times"].items()},
-                        result["cores_at_start"], len(result["thread_masks"]))
+                        result["cores_at_start"], {int(k): v for k, v in result["os_threads"].items()})
 
 
 def thread_pool_comparison(threads: Sequence[int] | None = None,

@@ -26,7 +26,7 @@ from ptlab.thread_pool import one_core_pinning_unavailable, one_core_step_times
     once, when torch is imported), or give torch only the cores that are free:
     torch.set_num_threads(cores - busy). To see it on your machine: time a step with torch's default
     threads and after torch.set_num_threads(1) while your other programs run. If more threads are much
-    slower, and a fresh Python started with OMP_WAIT_POLICY=PASSIVE removes the gap, this is it (small ops
+    slower, and a fresh Python started with OMP_WAIT_POLICY=PASSIVE removes most of the gap, this is it (small ops
     and shared SMT cores can make more threads slower too). ptlab.thread_pool.one_core_step_times()
     measures the pinned case, thread_report() the busy one.""",
     in_subprocesses=True,                 # a fresh Python each way, on its own core: both run at once
