@@ -152,7 +152,7 @@ def _training_step(setup: Setup, make_model: Callable[[], nn.Module], batches: I
     return step
 
 
-def speed_ladder(width: int = 16, batch_size: int = 32, large_batch_size: int = 128, steps: int = 5,
+def speed_ladder(width: int = 16, batch_size: int = 32, large_batch_size: int = 128, steps: int = 10,
                  warmup: int = 2, threads: int | None = 1, bf16: bool | None = None, seed: int = 0,
                  lr: float = 1e-3) -> Ladder:
     """Climb the ladder of ladder_rungs() for SmallCNN(width) with AdamW on the embedded dataset: each rung's images
