@@ -5,7 +5,8 @@ from ptlab.claims import MEASURED, Check, claim
 from ptlab.course.pitfall_record import Outcome, Pitfall, PitfallUnavailable, pitfall, registered
 from ptlab.course.topics import import_lesson_modules
 
-__all__ = ["Check", "Outcome", "Pitfall", "PitfallUnavailable", "pitfall", "all_pitfalls", "get_pitfall", "run_pitfall", "compare_pitfall",
+__all__ = ["Check", "Outcome", "Pitfall", "PitfallUnavailable", "pitfall", "all_pitfalls", "get_pitfall",
+           "run_pitfall", "compare_pitfall",
            "PitfallComparison"]
 
 

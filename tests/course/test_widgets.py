@@ -55,7 +55,8 @@ def test_a_pitfall_that_cannot_run_here_says_skipped_not_a_traceback():
     def never(buggy: bool) -> Outcome:
         raise AssertionError("the reproduction ran")
 
-    record = Pitfall("needs-linux", 0, "t", "s", "w", "c", never, unavailable=lambda: "needs Linux; this is win32")
+    record = Pitfall("needs-linux", 0, "t", "s", "w", "c", never,
+                     unavailable=lambda: "needs Linux; this is win32")
     widget = PitfallWidget(record)
     widget.run()
     assert widget.status.value == "skipped: it cannot run on this machine (reason below)"

@@ -146,7 +146,8 @@ def test_a_pitfall_that_cannot_run_here_says_why_everywhere(monkeypatch, capsys)
     def reproduce(buggy: bool) -> Outcome:
         pytest.fail("the reproduction ran")
 
-    record = Pitfall("needs-linux", 3, "t", "s", "w", "c", reproduce, unavailable=lambda: "needs Linux; this is darwin")
+    record = Pitfall("needs-linux", 3, "t", "s", "w", "c", reproduce,
+                     unavailable=lambda: "needs Linux; this is darwin")
     assert record.unavailable_reason() == "needs Linux; this is darwin"
     with pytest.raises(PitfallUnavailable, match="pitfall 'needs-linux' cannot run here: needs Linux; this is darwin"):
         record.run(buggy=True)

@@ -102,8 +102,8 @@ def test_thread_report_has_one_row_per_configuration_and_the_wait_policy_ratios(
                _fake(2, None, 0.040, 0.600), _fake(2, "PASSIVE", 0.042, 0.090)]
     monkeypatch.setattr(thread_pool, "thread_pool_comparison", lambda **kwargs: results)
     pinned = {None: {1: [0.04], 2: [0.52]}, "PASSIVE": {1: [0.04], 2: [0.05]}}
-    monkeypatch.setattr(thread_pool, "one_core_step_times",
-                        lambda policy, last_core, **kw: thread_pool.OneCoreTimes(policy, int(last_core), pinned[policy]))
+    monkeypatch.setattr(thread_pool, "one_core_step_times", lambda policy, last_core, **kw:
+                        thread_pool.OneCoreTimes(policy, int(last_core), pinned[policy]))
     lines = thread_report()
     assert lines[0].startswith("Torch's thread pool (chapter 3): SmallCNN training step, batch 32, median ms")
     rows = lines[2:6]
