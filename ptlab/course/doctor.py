@@ -144,7 +144,8 @@ with quiet_compile_logs():
 print(f"{{time.perf_counter() - start:.1f}}")
 """
 # Chapter 8's speed ladder compiles a training step (forward and backward, channels_last, batches of 32 and
-# 128): a minute on two cores with a cold cache. The same call as the chapter's cell, so its graphs are cached.
+# 128): a minute on two cores with a cold cache. The same rungs and batch shapes as the chapter's cell
+# (fewer steps), so its graphs are cached.
 _LADDER_WARMUP = f"""
 import time, torch
 from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
