@@ -60,6 +60,11 @@ def stop_busy_process(proc: subprocess.Popen) -> None:
         proc.stdout.close()
 
 
+def _check_policy(wait_policy) -> None:
+    if wait_policy not in WAIT_POLICIES:
+        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+
+
 def _check_int(name: str, value, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -150,8 +155,7 @@ _WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 def _run_child(spec: dict, wait_policy: str | None, timeout_s: float) -> dict:
     """Run _child_main(spec) in a fresh Python started with OMP_WAIT_POLICY=`wait_policy` (None: unset, and
     GOMP_SPINCOUNT and KMP_BLOCKTIME removed too) and return its JSON result."""
-    if wait_policy not in WAIT_POLICIES:
-        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    _check_policy(wait_policy)
     env = {k: v for k, v in os.environ.items() if k not in _WAIT_VARIABLES}
     if wait_policy is not None:
         env["OMP_WAIT_POLICY"] = wait_policy
@@ -199,8 +203,7 @@ def step_times(threads: int, wait_policy: str | None = None, loads: Sequence[str
     for name, value, minimum in (("rounds", rounds, 1), ("steps", steps, 1), ("batch_size", batch_size, 2),
                                  ("width", width, 1), ("warmup", warmup, 0)):
         _check_int(name, value, minimum)
-    if wait_policy not in WAIT_POLICIES:
-        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    _check_policy(wait_policy)
     loads = list(loads)
     if not loads or any(load not in LOADS for load in loads) or len(set(loads)) != len(loads):
         raise ValueError(f"loads must be distinct names from {LOADS}, got {loads!r}")
@@ -255,8 +258,7 @@ def one_core_step_times(wait_policy: str | None = None, last_core: bool = False,
     other than every thread on the one core, 1 then 2 torch threads, and 2 cores or more at start is an error."""
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 2), ("width", width, 1)):
         _check_int(name, value, minimum)
-    if wait_policy not in WAIT_POLICIES:
-        raise ValueError(f"wait_policy must be one of {WAIT_POLICIES}, got {wait_policy!r}")
+    _check_policy(wait_policy)
     reason = one_core_pinning_unavailable()
     if reason is not None:
         raise RuntimeError(reason)
