@@ -98,9 +98,10 @@ def _counted_flops(model: nn.Module, input_shape: tuple[int, ...], backward: boo
         raise ValueError(f"input_shape must be a tuple of positive ints (one image, no batch), got {input_shape!r}")
     probe = copy.deepcopy(model).train()                    # the caller's model, BN stats and grads untouched
     batch = 2                                               # BatchNorm needs more than one value per channel
-    images = torch.zeros(batch, *input_shape)               # (2, C, H, W)
+    device = next(probe.parameters(), torch.empty(0)).device   # the inputs go where the model is (a GPU too)
+    images = torch.zeros(batch, *input_shape).to(device)    # (2, C, H, W)
     with FlopCounterMode(display=False) as counter:
-        loss = F.cross_entropy(probe(images), torch.zeros(batch, dtype=torch.long))
+        loss = F.cross_entropy(probe(images), torch.zeros(batch, dtype=torch.long).to(device))
         if backward:
             loss.backward()
     return counter.get_total_flops() / batch

@@ -60,6 +60,23 @@ def default_start_method(platform: str | None = None) -> str:
     return "spawn"
 
 
+def collective_device(backend: str, device: torch.device | str) -> torch.device:
+    """Where a collective's tensors must live: on the rank's own device under nccl, on the CPU under gloo.
+
+    nccl reduces GPU memory only: a CPU tensor fails with "No backend type associated with device type
+    cpu". gloo takes CPU tensors on every machine. `device` is the one this rank trains on.
+    """
+    device = torch.device(device)
+    if backend == "nccl":
+        if device.type == "cpu":
+            raise ValueError("nccl reduces only tensors on the rank's GPU, but this rank's device is the CPU: "
+                             "use gloo for CPU ranks")
+        return device
+    if backend == "gloo":
+        return torch.device("cpu")
+    raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago: the OS picks it when we bind to port 0."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

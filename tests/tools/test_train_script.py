@@ -75,9 +75,18 @@ def test_amp_is_chosen_by_device():
     assert amp_settings(torch.device("cpu"), True, True)[1] is torch.bfloat16
     with warnings.catch_warnings():                                # "CUDA is not available. Disabling." here
         warnings.simplefilter("ignore", UserWarning)
-        scaler, dtype, text = amp_settings(torch.device("cuda"), True, False)
+        scaler, dtype, text = amp_settings(torch.device("cuda"), True, False, cuda_bf16=False)
     assert isinstance(scaler, torch.amp.GradScaler) and dtype is torch.float16 and "GradScaler" in text
+    assert amp_settings(torch.device("cuda"), True, False, cuda_bf16=True)[:2] == (None, torch.bfloat16)
     assert amp_settings(torch.device("cuda"), False, False)[:2] == (None, None)
+
+
+def test_the_loaders_pin_memory_exactly_when_asked(tmp_path, monkeypatch):
+    """docs/decisions.md row 2: pinned batches only for a CUDA GPU (run passes device.type == "cuda")."""
+    args = build_parser().parse_args(SMALL)
+    for pin in (False, True):
+        train, val, test = train_script.make_loaders(args, 0, 1, pin_memory=pin)
+        assert train.loader.pin_memory is pin and not val.pin_memory and not test.pin_memory
 
 
 @pytest.mark.slow
