@@ -61,6 +61,35 @@ def output_text(output) -> str:
     return "\n".join(str(v) for k, v in output.get("data", {}).items() if not k.startswith("image/"))
 
 
+def _is_cuda_test(node: ast.AST) -> bool:
+    """An expression that asks whether a CUDA GPU is there: torch.cuda.is_available() or `X.type == "cuda"`."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and ast.unparse(sub.func) == "torch.cuda.is_available":
+            return True
+        if isinstance(sub, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "cuda"
+                                                for c in sub.comparators):
+            return True
+    return False
+
+
+def gpu_branch_problem(cell) -> str | None:
+    """Why a cell that branches on a CUDA GPU breaks the rule, or None.
+
+    Such a cell prints other things on a GPU than the CPU stored: it must be tagged nbval-ignore-output, so
+    its compared output is the same (nothing) on every machine, and its GPU branch must still assert a claim."""
+    tree = ast.parse(_code_without_magics(cell.source))
+    branches = [n for n in ast.walk(tree) if isinstance(n, ast.If) and _is_cuda_test(n.test)]
+    if not branches:
+        return None
+    if "NBVAL_IGNORE_OUTPUT" not in cell_marks(cell):
+        return "branches on a CUDA GPU but is not tagged nbval-ignore-output: a GPU prints other output"
+    asserted = any(isinstance(n, ast.Call) and ast.unparse(n.func) in ("claim", "claim_measured")
+                   for branch in branches for stmt in branch.body for n in ast.walk(stmt))
+    if not asserted:
+        return "branches on a CUDA GPU but asserts no claim there: on a GPU it would check nothing"
+    return None
+
+
 def problems(nb) -> list[str]:
     """Every hygiene rule this notebook breaks, as readable lines."""
     found = []
@@ -76,6 +105,9 @@ def problems(nb) -> list[str]:
         where = f"code cell {i} ({cell.source.strip().splitlines()[0][:50]!r})"
         if not cell.outputs:
             found.append(f"{where} has no stored output: show what it did")
+        gpu_problem = gpu_branch_problem(cell)
+        if gpu_problem:
+            found.append(f"{where} {gpu_problem}")
         for line in cell.source.splitlines():
             comment = line.strip().lstrip("#").strip() if line.strip().startswith("#") else ""
             if comment.startswith("NBVAL_"):

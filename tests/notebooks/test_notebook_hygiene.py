@@ -153,10 +153,16 @@ def test_the_rules_catch_each_defect():
         new_code_cell("def claim(s, ok):\n    pass", execution_count=5, outputs=[]),
         new_code_cell("# NBVAL_IGNORE_OUTPUT\nprint(1)", execution_count=6,
                       outputs=[new_output("stream", name="stdout", text="1\n")]),
+        new_code_cell("if torch.cuda.is_available():\n    claim('x', True)\nelse:\n    print('skipped')",
+                      execution_count=7, outputs=[new_output("stream", name="stdout", text="skipped\n")]),
+        new_code_cell("if device.type == 'cuda':\n    print(1)", execution_count=8, metadata={"tags": [
+            "nbval-ignore-output"]}, outputs=[new_output("stream", name="stdout", text="1\n")]),
     ]
     found = "\n".join(problems(nb))
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
-                     "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag"):
+                     "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag",
+                     "branches on a CUDA GPU but is not tagged nbval-ignore-output",
+                     "branches on a CUDA GPU but asserts no claim there"):
         assert expected in found, f"{expected!r} not reported in:\n{found}"
 
 
