@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._watch_detectors import Detector, Finding
+from .detectors import Detector, Finding
 
 
 class Amp(Detector):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 import traceback
@@ -31,10 +32,10 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from ._watch_detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Finding
-from ._watch_wrapped import Amp, Samplers
-from .models import SmallCNN
-from .timing import compare
+from ..models import SmallCNN
+from ..timing import compare
+from .detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Finding
+from .wrapped import Amp, Samplers
 
 __all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead", "overhead_line"]
 
@@ -61,8 +62,8 @@ DETECTS: dict[str, str] = {
     "ddp-sampler-without-set-epoch": "a shuffling DistributedSampler iterated again with the same epoch",
 }
 
-_OWN_FILES = {str(Path(__file__).with_name(name)) for name in ("watch.py", "_watch_detectors.py", "_watch_wrapped.py")}
-_SKIP_DIRS = (str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
+_OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
+_SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
 
 
 @dataclass
@@ -170,7 +171,7 @@ class _Watcher:
         frame = sys._getframe(1)
         while frame is not None:
             name = frame.f_code.co_filename
-            if (name not in _OWN_FILES and not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
+            if (not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
                     and "contextlib" not in name
                     and not (outside_forward and frame.f_code.co_name == "forward"
                              and isinstance(frame.f_locals.get("self"), nn.Module))):
@@ -432,6 +433,3 @@ def overhead_line() -> tuple[str, bool]:
             f"{figures['watched s/step'] * 1e3:.1f} ms watched, overhead {figures['overhead']:+.0%} "
             f"(budget {OVERHEAD_BUDGET:.0%})"), within
 
-
-if __name__ == "__main__":
-    sys.exit(main())
