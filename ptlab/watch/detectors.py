@@ -4,35 +4,18 @@ from __future__ import annotations
 import math
 import sys
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from .report import Finding
 
 LOSS_CALLS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
               "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"}
 SHAPE_LOSSES = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"}
 SUM_CALLS = {"add", "add_", "__add__", "__radd__", "__iadd__", "sub", "__sub__", "mul", "__mul__", "__rmul__",
              "div", "__truediv__", "div_", "__itruediv__", "true_divide"}
-
-
-@dataclass
-class Finding:
-    """One pitfall observed: its registry id, what was measured, and where in the learner's code."""
-
-    pitfall: str
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    where: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON record: pitfall, message, evidence (with `where` and the command that reproduces it)."""
-        evidence = dict(self.evidence)
-        if self.where:
-            evidence["where"] = self.where
-        evidence["reproduce"] = f"python -m ptlab pitfalls run {self.pitfall}"
-        return {"pitfall": self.pitfall, "message": self.message, "evidence": evidence}
 
 
 def _floats(values: list[torch.Tensor]) -> list[float]:

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import Detector, Finding
+from .detectors import Detector
+from .report import Finding
 
 
 class Amp(Detector):
