@@ -30,32 +30,13 @@ from torch import nn
 from ..models import SmallCNN
 from ..timing import compare
 from .report import Finding, Report
-from .watcher import Watcher
+from .watcher import EVERY_DETECTOR, Watcher
 
 __all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead", "overhead_line"]
 
-# Which registered pitfall each detector observes (the registry test runs every one of them both ways).
-DETECTS: dict[str, str] = {
-    "missing-zero-grad": "the same .grad tensors only added to over >= 3 optimizer steps",
-    "missing-zero-grad-training": "the same, over >= 10 optimizer steps of a training loop",
-    "softmax-before-cross-entropy": "cross_entropy's input is the output of softmax",
-    "broadcast-loss-shape": "mse_loss/l1_loss input and target broadcast to a larger shape",
-    "eval-without-no-grad": "eval-mode forwards with grad enabled, no backward, outputs kept alive",
-    "eval-without-eval-mode": "BatchNorm or Dropout in train mode inside a no-grad pass",
-    "running-loss-keeps-graph": "a sum of >= 3 forwards' loss tensors with a grad_fn, never backpropagated",
-    "nan-from-a-poisoned-sample": "NaN/inf in a model's input batch",
-    "exploding-gradients-nan": "a non-finite loss from finite inputs",
-    "learning-rate-too-high": "the loss rising >= 30x above its first value and staying >= 3x",
-    "shuffled-labels": "training cross-entropy still >= 0.95 ln(C) after >= 50 steps",
-    "shuffle-off-for-training": "first training batches hold < 2 distinct labels on average",
-    "frozen-backbone-still-updated": "requires_grad=False parameters with a .grad changed by a step",
-    "frozen-backbone-batchnorm-train-mode": "a BatchNorm with frozen parameters running in train mode",
-    "fp16-without-scaler": "backward on a float16-autocast loss no enabled GradScaler scaled",
-    "clip-without-unscale": "clip_grad_norm_ on gradients still scaled by a GradScaler",
-    "scaler-update-forgotten": "GradScaler.step twice with no update between",
-    "scaler-update-before-step": "GradScaler.update with no step before it",
-    "ddp-sampler-without-set-epoch": "a shuffling DistributedSampler iterated again with the same epoch",
-}
+# Which registered pitfall each detector observes, and the sign it looks for: declared once, by the detector (the
+# registry test runs every one of them both ways).
+DETECTS: dict[str, str] = {sign.pitfall: sign.sign for detector in EVERY_DETECTOR for sign in detector.signs()}
 
 
 @contextmanager

@@ -1,9 +1,10 @@
-"""Private to ptlab.watch: the detectors, each observing one pitfall at run time and reporting what it measured."""
+"""Private to ptlab.watch: the detectors, each declaring the pitfalls it finds and reporting what it measured."""
 from __future__ import annotations
 
 import math
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,18 +27,36 @@ def _ratios(values: list[float]) -> str:
     return ", ".join(f"{v / values[0]:.1f}x" for v in values) if values and values[0] else "-"
 
 
+@dataclass(frozen=True)
+class Sign:
+    """A registered pitfall a detector finds, and the sign of it that the detector looks for."""
+
+    pitfall: str
+    sign: str
+
+
 class Detector:
-    """Base: every callback is optional; `findings()` is called once, when the watch ends."""
+    """Base: the pitfalls found are `Sign` class attributes; every callback is optional; `findings()` is called once,
+    when the watch ends."""
 
     def __init__(self, watch) -> None:
         self.watch = watch
+
+    @classmethod
+    def signs(cls) -> list[Sign]:
+        """The pitfalls this detector finds, in the order declared."""
+        return [value for value in vars(cls).values() if isinstance(value, Sign)]
 
     def findings(self) -> list[Finding]:
         return []
 
 
 class ZeroGrad(Detector):
-    """missing-zero-grad(-training): the same .grad tensors carry over from step to step, only added to."""
+    """No zero_grad: the same .grad tensors carry over from step to step, only added to."""
+
+    NOT_ZEROED = Sign("missing-zero-grad", "the same .grad tensors only added to over >= 3 optimizer steps")
+    NOT_ZEROED_IN_TRAINING = Sign("missing-zero-grad-training",
+                                  "the same, over >= 10 optimizer steps of a training loop")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -87,13 +106,13 @@ class ZeroGrad(Detector):
         norms = _floats([n for _, n in self.best])
         shown = norms[:5]
         found = [Finding(
-            "missing-zero-grad",
+            self.NOT_ZEROED.pitfall,
             f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
             f"between steps: no zero_grad); the gradient norm went {_ratios(shown)} of step {steps[0]}'s",
             {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}, self.where)]
         if len(steps) >= 10:
             found.append(Finding(
-                "missing-zero-grad-training",
+                self.NOT_ZEROED_IN_TRAINING.pitfall,
                 f"a training loop ran {len(steps)} optimizer steps (steps {steps[0]}-{steps[-1]}) without resetting "
                 f".grad: every step used the sum of all earlier gradients (norm at the last step "
                 f"{norms[-1] / norms[0]:.1f}x the first)" if norms[0] and math.isfinite(norms[0])
@@ -104,7 +123,9 @@ class ZeroGrad(Detector):
 
 
 class FrozenUpdated(Detector):
-    """frozen-backbone-still-updated: parameters with requires_grad=False still hold a .grad and the step moves them."""
+    """A frozen backbone: parameters with requires_grad=False still hold a .grad and the step moves them."""
+
+    UPDATED = Sign("frozen-backbone-still-updated", "requires_grad=False parameters with a .grad changed by a step")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -122,7 +143,7 @@ class FrozenUpdated(Detector):
             moved = [c for c in _floats(changes) if c > 0]
             if moved:
                 self.found = Finding(
-                    "frozen-backbone-still-updated",
+                    self.UPDATED.pitfall,
                     f"optimizer step {step}: {len(self.before)} parameter tensors with requires_grad=False still "
                     f"had a .grad (not None), and the step changed {len(moved)} of them (largest change "
                     f"{max(moved):.3g})", {"step": step, "frozen with a grad": len(self.before),
@@ -135,7 +156,12 @@ class FrozenUpdated(Detector):
 
 
 class LossCalls(Detector):
-    """softmax-before-cross-entropy, broadcast-loss-shape, shuffled-labels, shuffle-off-for-training."""
+    """What the losses are given: softmax output, shapes that broadcast, labels at chance, unshuffled batches."""
+
+    SOFTMAX_FIRST = Sign("softmax-before-cross-entropy", "cross_entropy's input is the output of softmax")
+    BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target broadcast to a larger shape")
+    AT_CHANCE = Sign("shuffled-labels", "training cross-entropy still >= 0.95 ln(C) after >= 50 steps")
+    UNSHUFFLED = Sign("shuffle-off-for-training", "first training batches hold < 2 distinct labels on average")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -157,11 +183,11 @@ class LossCalls(Detector):
         x, target = args[0], args[1]
         if name == "cross_entropy":
             self._cross_entropy(x, target, result)
-        elif name in SHAPE_LOSSES and x.shape != target.shape and "broadcast-loss-shape" not in self.found:
+        elif name in SHAPE_LOSSES and x.shape != target.shape and self.BROADCAST.pitfall not in self.found:
             shape = torch.broadcast_shapes(x.shape, target.shape)
             if shape != x.shape:
-                self.found["broadcast-loss-shape"] = Finding(
-                    "broadcast-loss-shape",
+                self.found[self.BROADCAST.pitfall] = Finding(
+                    self.BROADCAST.pitfall,
                     f"{name} at step {self.watch.step + 1} got input {tuple(x.shape)} and target "
                     f"{tuple(target.shape)}: they broadcast to {tuple(shape)}, so every prediction is compared "
                     f"with every target", {"input": list(x.shape), "target": list(target.shape),
@@ -169,9 +195,9 @@ class LossCalls(Detector):
 
     def _cross_entropy(self, x: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> None:
         from_softmax = type(x.grad_fn).__name__ == "SoftmaxBackward0" or any(r() is x for r in self.softmax_out)
-        if from_softmax and "softmax-before-cross-entropy" not in self.found:
-            self.found["softmax-before-cross-entropy"] = Finding(
-                "softmax-before-cross-entropy",
+        if from_softmax and self.SOFTMAX_FIRST.pitfall not in self.found:
+            self.found[self.SOFTMAX_FIRST.pitfall] = Finding(
+                self.SOFTMAX_FIRST.pitfall,
                 f"cross_entropy at step {self.watch.step + 1} got the output of softmax (shape {tuple(x.shape)}) "
                 f"as its input: it applies log_softmax itself and wants raw logits",
                 {"input made by": "softmax", "shape": list(x.shape)}, self.watch.where())
@@ -194,7 +220,7 @@ class LossCalls(Detector):
             mean = sum(self.distinct) / len(self.distinct)
             if mean < 2:
                 found.append(Finding(
-                    "shuffle-off-for-training",
+                    self.UNSHUFFLED.pitfall,
                     f"the first {len(self.distinct)} training batches of {self.batch} held {mean:.1f} distinct "
                     f"labels on average, of {self.classes} classes: the data comes class by class (shuffle=False?)",
                     {"distinct labels per batch": self.distinct, "classes": self.classes}, self.where_first))
@@ -204,7 +230,7 @@ class LossCalls(Detector):
             chance = math.log(self.classes)
             if last >= 0.95 * chance:
                 found.append(Finding(
-                    "shuffled-labels",
+                    self.AT_CHANCE.pitfall,
                     f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
                     f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs, or "
                     f"the model has not started learning yet (a warm-up, a learning rate too small)",
@@ -213,7 +239,12 @@ class LossCalls(Detector):
 
 
 class Graphs(Detector):
-    """running-loss-keeps-graph and eval-without-no-grad: graphs that no backward will ever free."""
+    """Graphs that no backward will ever free: a running total of losses, evaluation outputs with a grad_fn."""
+
+    EVAL_KEEPS_GRAPH = Sign("eval-without-no-grad",
+                            "eval-mode forwards with grad enabled, no backward, outputs kept alive")
+    RUNNING_TOTAL = Sign("running-loss-keeps-graph",
+                         "a sum of >= 3 forwards' loss tensors with a grad_fn, never backpropagated")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -267,7 +298,7 @@ class Graphs(Detector):
         self.eval_outputs.append(weakref.ref(tensor))
         if alive >= 2:
             self.eval_found = Finding(
-                "eval-without-no-grad",
+                self.EVAL_KEEPS_GRAPH.pitfall,
                 f"{alive + 1} forward passes of {type(module).__name__} in eval mode ran with gradients enabled and "
                 f"no backward between them; their outputs, still alive, keep every pass's graph and activations "
                 f"(use torch.no_grad() or torch.inference_mode())",
@@ -279,7 +310,7 @@ class Graphs(Detector):
             _, forwards, where = max(self.candidates.values(), key=lambda c: len(c[1]))
             n = len(forwards)
             found.append(Finding(
-                "running-loss-keeps-graph",
+                self.RUNNING_TOTAL.pitfall,
                 f"a tensor summing the losses of {n} forward passes carries a grad_fn and was never "
                 f"backpropagated: it keeps every batch's graph alive (add loss.item() instead)",
                 {"forward passes summed": n}, where))
@@ -287,7 +318,7 @@ class Graphs(Detector):
 
 
 def _inside_checkpoint() -> bool:
-    """Whether the current call runs inside torch.utils.checkpoint (looked up only when a finding is about to be made)."""
+    """Whether this call runs inside torch.utils.checkpoint (looked up only when a finding is about to be made)."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
@@ -297,7 +328,11 @@ def _inside_checkpoint() -> bool:
 
 
 class Modes(Detector):
-    """eval-without-eval-mode and frozen-backbone-batchnorm-train-mode: layers running in train mode by mistake."""
+    """Layers running in train mode by mistake: inside a no-grad pass, or a frozen BatchNorm."""
+
+    TRAIN_MODE_IN_EVAL = Sign("eval-without-eval-mode", "BatchNorm or Dropout in train mode inside a no-grad pass")
+    FROZEN_BN_TRAINING = Sign("frozen-backbone-batchnorm-train-mode",
+                              "a BatchNorm with frozen parameters running in train mode")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -313,19 +348,20 @@ class Modes(Detector):
             return
         name = self.watch.module_name(module)
         frozen_bn = is_bn and module.affine and not module.weight.requires_grad
-        if not torch.is_grad_enabled() and "eval-without-eval-mode" not in self.found and _inside_checkpoint():
+        if not torch.is_grad_enabled() and self.TRAIN_MODE_IN_EVAL.pitfall not in self.found and _inside_checkpoint():
             return      # reentrant checkpointing runs the forward under no_grad: training, not evaluation
-        if not torch.is_grad_enabled() and not frozen_bn and "eval-without-eval-mode" not in self.found:
+        if not torch.is_grad_enabled() and not frozen_bn and self.TRAIN_MODE_IN_EVAL.pitfall not in self.found:
             what = "updates its running statistics from this batch" if is_bn else "drops activations at random"
-            self.found["eval-without-eval-mode"] = (Finding(
-                "eval-without-eval-mode",
+            self.found[self.TRAIN_MODE_IN_EVAL.pitfall] = (Finding(
+                self.TRAIN_MODE_IN_EVAL.pitfall,
                 f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
                 f"{self.watch.step}): it {what}; if this pass evaluates the model, call model.eval() first",
-                {"module": name, "type": type(module).__name__, "step": self.watch.step}, self.watch.where(outside_forward=True)),
+                {"module": name, "type": type(module).__name__, "step": self.watch.step},
+                self.watch.where(outside_forward=True)),
                 module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
-        elif frozen_bn and "frozen-backbone-batchnorm-train-mode" not in self.found:
-            self.found["frozen-backbone-batchnorm-train-mode"] = (Finding(
-                "frozen-backbone-batchnorm-train-mode",
+        elif frozen_bn and self.FROZEN_BN_TRAINING.pitfall not in self.found:
+            self.found[self.FROZEN_BN_TRAINING.pitfall] = (Finding(
+                self.FROZEN_BN_TRAINING.pitfall,
                 f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
                 f"{self.watch.step + 1}: its running statistics keep moving to the new data",
                 {"module": name, "step": self.watch.step + 1}, self.watch.where(outside_forward=True)),
@@ -343,7 +379,11 @@ class Modes(Detector):
 
 
 class NonFinite(Detector):
-    """nan-from-a-poisoned-sample, exploding-gradients-nan, learning-rate-too-high: watch inputs and the loss."""
+    """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and the loss."""
+
+    POISONED_INPUT = Sign("nan-from-a-poisoned-sample", "NaN/inf in a model's input batch")
+    NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs")
+    LOSS_RISES = Sign("learning-rate-too-high", "the loss rising >= 30x above its first value and staying >= 3x")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -386,7 +426,7 @@ class NonFinite(Detector):
         if bad_inputs:
             n, step, module = bad_inputs[0]
             found.append(Finding(
-                "nan-from-a-poisoned-sample",
+                self.POISONED_INPUT.pitfall,
                 f"the input batch of {module} at step {step} held {n} NaN/inf value(s)"
                 + (f"; the loss was not finite from backward number {bad_loss + 1} on" if bad_loss is not None
                    else ""),
@@ -395,7 +435,7 @@ class NonFinite(Detector):
         elif bad_loss is not None:
             finite = [v for v in losses[:bad_loss]]
             found.append(Finding(
-                "exploding-gradients-nan",
+                self.NON_FINITE_LOSS.pitfall,
                 f"the loss became {losses[bad_loss]} at backward number {bad_loss + 1}, from finite inputs"
                 + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "")
                 + (f"; after that, the first module with a non-finite output was {self.first_bad_module}"
@@ -409,7 +449,7 @@ class NonFinite(Detector):
             last = sum(losses[-5:]) / 5
             if peak >= 30 * losses[0] and last >= 3 * losses[0]:
                 found.append(Finding(
-                    "learning-rate-too-high",
+                    self.LOSS_RISES.pitfall,
                     f"the loss rose from {losses[0]:.3g} (step 1) to {peak:.3g} (step {losses.index(peak) + 1}) "
                     f"and is still {last:.3g} over the last 5 steps: the steps are far too large",
                     {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, self.loss_where))

@@ -14,9 +14,12 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from .detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS
+from .detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector
 from .report import Finding
 from .wrapped import Amp, Samplers
+
+# Every detector, in the order their findings are reported.
+EVERY_DETECTOR: list[type[Detector]] = [*DETECTORS, Amp, Samplers]
 
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
 _SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
@@ -45,7 +48,7 @@ class _Mode(TorchFunctionMode):
 
 
 def _warning_at_caller(func, args, kwargs, shown: set):
-    """Call a loss whose input and target shapes differ; its size warning names the learner's line, as without the watch.
+    """Call a loss whose input and target shapes differ; its size warning names the learner's line, as without a watch.
 
     Called from the mode, the loss's `warnings.warn(..., stacklevel=2)` would name this file. The warning is caught
     and issued again at the line that called the loss, once per line (the default filter's rule); a filter set to
@@ -77,7 +80,7 @@ class Watcher:
         self.names: dict[int, str] = {}
         self.last_scaler = None
         self.warned: set = set()
-        self.detectors = [d(self) for d in [*DETECTORS, Amp, Samplers]]
+        self.detectors = [d(self) for d in EVERY_DETECTOR]
         self.call_names = LOSS_CALLS | SUM_CALLS | {"softmax"}
         self._by = {m: [getattr(d, m) for d in self.detectors if hasattr(d, m)]
                     for m in ("call", "backward", "forward_pre", "forward", "step_pre", "step_post")}
