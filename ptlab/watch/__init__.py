@@ -29,10 +29,10 @@ from torch import nn
 
 from ..models import SmallCNN
 from ..timing import compare
-from .report import Finding, Report
+from .report import Report, WatchFinding
 from .watcher import EVERY_DETECTOR, Watcher
 
-__all__ = ["watch", "Report", "Finding", "DETECTS", "main", "measure_overhead", "overhead_line"]
+__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "main", "measure_overhead", "overhead_line"]
 
 # Which registered pitfall each detector observes, and the sign it looks for: declared once, by the detector (the
 # registry test runs every one of them both ways).

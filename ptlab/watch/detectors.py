@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .report import Finding
+from .report import WatchFinding
 
 LOSS_CALLS = {"cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
               "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"}
@@ -47,7 +47,7 @@ class Detector:
         """The pitfalls this detector finds, in the order declared."""
         return [value for value in vars(cls).values() if isinstance(value, Sign)]
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return []
 
 
@@ -99,19 +99,19 @@ class ZeroGrad(Detector):
         grads = self._grads(opt)
         self.last[id(opt)] = ({k: (weakref.ref(g), g._version) for k, g in grads.items()}, self.watch.backwards)
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         if len(self.best) < 3:
             return []
         steps = [s for s, _ in self.best]
         norms = _floats([n for _, n in self.best])
         shown = norms[:5]
-        found = [Finding(
+        found = [WatchFinding(
             self.NOT_ZEROED.pitfall,
             f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
             f"between steps: no zero_grad); the gradient norm went {_ratios(shown)} of step {steps[0]}'s",
             {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}, self.where)]
         if len(steps) >= 10:
-            found.append(Finding(
+            found.append(WatchFinding(
                 self.NOT_ZEROED_IN_TRAINING.pitfall,
                 f"a training loop ran {len(steps)} optimizer steps (steps {steps[0]}-{steps[-1]}) without resetting "
                 f".grad: every step used the sum of all earlier gradients (norm at the last step "
@@ -130,7 +130,7 @@ class FrozenUpdated(Detector):
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.before: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.found: Finding | None = None
+        self.found: WatchFinding | None = None
 
     def step_pre(self, opt, step: int) -> None:
         if self.found is None:
@@ -142,7 +142,7 @@ class FrozenUpdated(Detector):
             changes = [(p.detach() - b).abs().max() for p, b in self.before]
             moved = [c for c in _floats(changes) if c > 0]
             if moved:
-                self.found = Finding(
+                self.found = WatchFinding(
                     self.UPDATED.pitfall,
                     f"optimizer step {step}: {len(self.before)} parameter tensors with requires_grad=False still "
                     f"had a .grad (not None), and the step changed {len(moved)} of them (largest change "
@@ -151,7 +151,7 @@ class FrozenUpdated(Detector):
                     self.watch.where())
             self.before = []
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return [self.found] if self.found else []
 
 
@@ -166,7 +166,7 @@ class LossCalls(Detector):
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.softmax_out: list[weakref.ref] = []
-        self.found: dict[str, Finding] = {}
+        self.found: dict[str, WatchFinding] = {}
         self.ce: list[torch.Tensor] = []         # training cross-entropy values
         self.classes = 0
         self.distinct: list[int] = []
@@ -186,7 +186,7 @@ class LossCalls(Detector):
         elif name in SHAPE_LOSSES and x.shape != target.shape and self.BROADCAST.pitfall not in self.found:
             shape = torch.broadcast_shapes(x.shape, target.shape)
             if shape != x.shape:
-                self.found[self.BROADCAST.pitfall] = Finding(
+                self.found[self.BROADCAST.pitfall] = WatchFinding(
                     self.BROADCAST.pitfall,
                     f"{name} at step {self.watch.step + 1} got input {tuple(x.shape)} and target "
                     f"{tuple(target.shape)}: they broadcast to {tuple(shape)}, so every prediction is compared "
@@ -196,7 +196,7 @@ class LossCalls(Detector):
     def _cross_entropy(self, x: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> None:
         from_softmax = type(x.grad_fn).__name__ == "SoftmaxBackward0" or any(r() is x for r in self.softmax_out)
         if from_softmax and self.SOFTMAX_FIRST.pitfall not in self.found:
-            self.found[self.SOFTMAX_FIRST.pitfall] = Finding(
+            self.found[self.SOFTMAX_FIRST.pitfall] = WatchFinding(
                 self.SOFTMAX_FIRST.pitfall,
                 f"cross_entropy at step {self.watch.step + 1} got the output of softmax (shape {tuple(x.shape)}) "
                 f"as its input: it applies log_softmax itself and wants raw logits",
@@ -214,12 +214,12 @@ class LossCalls(Detector):
             if len(self.distinct) == 1:
                 self.where_first = self.watch.where()
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         found = list(self.found.values())
         if len(self.distinct) >= 5:
             mean = sum(self.distinct) / len(self.distinct)
             if mean < 2:
-                found.append(Finding(
+                found.append(WatchFinding(
                     self.UNSHUFFLED.pitfall,
                     f"the first {len(self.distinct)} training batches of {self.batch} held {mean:.1f} distinct "
                     f"labels on average, of {self.classes} classes: the data comes class by class (shuffle=False?)",
@@ -229,7 +229,7 @@ class LossCalls(Detector):
             last = sum(values[-20:]) / 20
             chance = math.log(self.classes)
             if last >= 0.95 * chance:
-                found.append(Finding(
+                found.append(WatchFinding(
                     self.AT_CHANCE.pitfall,
                     f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
                     f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs, or "
@@ -251,7 +251,7 @@ class Graphs(Detector):
         self.tracked: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
         self.candidates: dict[int, tuple[weakref.ref, frozenset[int], str | None]] = {}
         self.eval_outputs: list[weakref.ref] = []
-        self.eval_found: Finding | None = None
+        self.eval_found: WatchFinding | None = None
         self.forwards_with_graph = 0
 
     def _lookup(self, value: Any) -> frozenset[int] | None:
@@ -297,19 +297,19 @@ class Graphs(Detector):
         alive = sum(r() is not None for r in self.eval_outputs)
         self.eval_outputs.append(weakref.ref(tensor))
         if alive >= 2:
-            self.eval_found = Finding(
+            self.eval_found = WatchFinding(
                 self.EVAL_KEEPS_GRAPH.pitfall,
                 f"{alive + 1} forward passes of {type(module).__name__} in eval mode ran with gradients enabled and "
                 f"no backward between them; their outputs, still alive, keep every pass's graph and activations "
                 f"(use torch.no_grad() or torch.inference_mode())",
                 {"forwards": alive + 1, "outputs alive with a grad_fn": alive + 1}, self.watch.where())
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         found = [self.eval_found] if self.eval_found else []
         if self.candidates:
             _, forwards, where = max(self.candidates.values(), key=lambda c: len(c[1]))
             n = len(forwards)
-            found.append(Finding(
+            found.append(WatchFinding(
                 self.RUNNING_TOTAL.pitfall,
                 f"a tensor summing the losses of {n} forward passes carries a grad_fn and was never "
                 f"backpropagated: it keeps every batch's graph alive (add loss.item() instead)",
@@ -336,7 +336,7 @@ class Modes(Detector):
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
-        self.found: dict[str, tuple[Finding, nn.Module | None, torch.Tensor | None]] = {}
+        self.found: dict[str, tuple[WatchFinding, nn.Module | None, torch.Tensor | None]] = {}
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if not module.training:
@@ -352,7 +352,7 @@ class Modes(Detector):
             return      # reentrant checkpointing runs the forward under no_grad: training, not evaluation
         if not torch.is_grad_enabled() and not frozen_bn and self.TRAIN_MODE_IN_EVAL.pitfall not in self.found:
             what = "updates its running statistics from this batch" if is_bn else "drops activations at random"
-            self.found[self.TRAIN_MODE_IN_EVAL.pitfall] = (Finding(
+            self.found[self.TRAIN_MODE_IN_EVAL.pitfall] = (WatchFinding(
                 self.TRAIN_MODE_IN_EVAL.pitfall,
                 f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
                 f"{self.watch.step}): it {what}; if this pass evaluates the model, call model.eval() first",
@@ -360,14 +360,14 @@ class Modes(Detector):
                 self.watch.where(outside_forward=True)),
                 module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
         elif frozen_bn and self.FROZEN_BN_TRAINING.pitfall not in self.found:
-            self.found[self.FROZEN_BN_TRAINING.pitfall] = (Finding(
+            self.found[self.FROZEN_BN_TRAINING.pitfall] = (WatchFinding(
                 self.FROZEN_BN_TRAINING.pitfall,
                 f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
                 f"{self.watch.step + 1}: its running statistics keep moving to the new data",
                 {"module": name, "step": self.watch.step + 1}, self.watch.where(outside_forward=True)),
                 module, module.running_mean.detach().clone())
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         out = []
         for finding, module, before in self.found.values():
             if module is not None:
@@ -378,7 +378,7 @@ class Modes(Detector):
         return out
 
 
-class NonFinite(Detector):
+class LossValues(Detector):
     """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and the loss."""
 
     POISONED_INPUT = Sign("nan-from-a-poisoned-sample", "NaN/inf in a model's input batch")
@@ -418,14 +418,14 @@ class NonFinite(Detector):
                 and not math.isfinite(self.losses[-1].item())):
             self.check_modules = True
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         found = []
         bad_inputs = [(int(n), step, module) for n, step, module, _ in self.inputs if int(n)]
         losses = _floats(self.losses)
         bad_loss = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
         if bad_inputs:
             n, step, module = bad_inputs[0]
-            found.append(Finding(
+            found.append(WatchFinding(
                 self.POISONED_INPUT.pitfall,
                 f"the input batch of {module} at step {step} held {n} NaN/inf value(s)"
                 + (f"; the loss was not finite from backward number {bad_loss + 1} on" if bad_loss is not None
@@ -434,7 +434,7 @@ class NonFinite(Detector):
                  "first non-finite loss at step": None if bad_loss is None else bad_loss + 1}, self.loss_where))
         elif bad_loss is not None:
             finite = [v for v in losses[:bad_loss]]
-            found.append(Finding(
+            found.append(WatchFinding(
                 self.NON_FINITE_LOSS.pitfall,
                 f"the loss became {losses[bad_loss]} at backward number {bad_loss + 1}, from finite inputs"
                 + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "")
@@ -448,7 +448,7 @@ class NonFinite(Detector):
             peak = max(losses)
             last = sum(losses[-5:]) / 5
             if peak >= 30 * losses[0] and last >= 3 * losses[0]:
-                found.append(Finding(
+                found.append(WatchFinding(
                     self.LOSS_RISES.pitfall,
                     f"the loss rose from {losses[0]:.3g} (step 1) to {peak:.3g} (step {losses.index(peak) + 1}) "
                     f"and is still {last:.3g} over the last 5 steps: the steps are far too large",
@@ -456,4 +456,4 @@ class NonFinite(Detector):
         return found
 
 
-DETECTORS = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, NonFinite]
+DETECTORS = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, LossValues]

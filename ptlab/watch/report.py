@@ -6,7 +6,7 @@ from typing import Any
 
 
 @dataclass
-class Finding:
+class WatchFinding:
     """One pitfall observed: its registry id, what was measured, and where in the learner's code."""
 
     pitfall: str
@@ -27,7 +27,7 @@ class Finding:
 class Report:
     """What one watch found: filled in when the watch ends; `print(report)` shows it."""
 
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[WatchFinding] = field(default_factory=list)
     steps_observed: int = 0
     script_failed: bool = False
 

@@ -15,7 +15,7 @@ from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
 from .detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector
-from .report import Finding
+from .report import WatchFinding
 from .wrapped import Amp, Samplers
 
 # Every detector, in the order their findings are reported.
@@ -234,8 +234,8 @@ class Watcher:
                 setattr(owner, name, original)
             self.handles, self.patches = [], []
 
-    def findings(self) -> list[Finding]:
-        found: list[Finding] = []
+    def findings(self) -> list[WatchFinding]:
+        found: list[WatchFinding] = []
         with torch._C.DisableTorchFunction():
             for detector in self.detectors:
                 found += detector.findings()

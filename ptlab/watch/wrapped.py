@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .detectors import Detector, Sign
-from .report import Finding
+from .report import WatchFinding
 
 
 class Amp(Detector):
@@ -25,7 +25,7 @@ class Amp(Detector):
         self.scaled: dict[int, weakref.ref] = {}
         self.pending_scaler = None        # a scaler whose scaled gradients were not unscaled yet
         self.stepped: dict[tuple[int, int], bool] = {}   # (scaler, optimizer): stepped since the last update
-        self.found: dict[str, Finding] = {}
+        self.found: dict[str, WatchFinding] = {}
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if root and self.fp16_forward is None and torch.is_grad_enabled():   # an evaluation pass trains nothing
@@ -47,7 +47,7 @@ class Amp(Detector):
             self.pending_scaler = self.watch.last_scaler
         elif self.fp16_forward is not None and self.NO_SCALER.pitfall not in self.found:
             module, step = self.fp16_forward
-            self.found[self.NO_SCALER.pitfall] = Finding(
+            self.found[self.NO_SCALER.pitfall] = WatchFinding(
                 self.NO_SCALER.pitfall,
                 f"backward at step {step} ran on a loss computed under float16 autocast ({module}) that no enabled "
                 f"GradScaler had scaled: gradients below float16's smallest value (6e-8) become 0",
@@ -58,7 +58,7 @@ class Amp(Detector):
         if self.pending_scaler is not None and self.CLIP_SCALED.pitfall not in self.found:
             scale = self.pending_scaler.get_scale()
             seen = float(norm)
-            self.found[self.CLIP_SCALED.pitfall] = Finding(
+            self.found[self.CLIP_SCALED.pitfall] = WatchFinding(
                 self.CLIP_SCALED.pitfall,
                 f"clip_grad_norm_ at step {self.watch.step + 1} clipped gradients still multiplied by the "
                 f"GradScaler's scale ({scale:g}): it saw a norm of {seen:.4g}, the true one is about "
@@ -72,7 +72,7 @@ class Amp(Detector):
         self.pending_scaler = None
         key = (id(scaler), id(optimizer))        # one scaler may step several optimizers before one update()
         if self.stepped.get(key) and self.UPDATE_FORGOTTEN.pitfall not in self.found:
-            self.found[self.UPDATE_FORGOTTEN.pitfall] = Finding(
+            self.found[self.UPDATE_FORGOTTEN.pitfall] = WatchFinding(
                 self.UPDATE_FORGOTTEN.pitfall,
                 f"scaler.step() was called again at step {self.watch.step + 1} with no scaler.update() since the "
                 f"last one on the same optimizer", {"step": self.watch.step + 1}, self.watch.where())
@@ -81,7 +81,7 @@ class Amp(Detector):
     def scaler_update(self, scaler) -> None:
         stepped = any(v for (s, _), v in self.stepped.items() if s == id(scaler))
         if not stepped and scaler.is_enabled() and self.UPDATE_FIRST.pitfall not in self.found:
-            self.found[self.UPDATE_FIRST.pitfall] = Finding(
+            self.found[self.UPDATE_FIRST.pitfall] = WatchFinding(
                 self.UPDATE_FIRST.pitfall,
                 f"scaler.update() was called with no scaler.step() before it (after step {self.watch.step})",
                 {"step": self.watch.step}, self.watch.where())
@@ -89,7 +89,7 @@ class Amp(Detector):
             if key[0] == id(scaler):
                 self.stepped[key] = False
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return list(self.found.values())
 
 
@@ -102,7 +102,7 @@ class Samplers(Detector):
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.epochs: dict[int, list[int]] = {}
-        self.found: Finding | None = None
+        self.found: WatchFinding | None = None
 
     def loader_iter(self, loader) -> None:
         from torch.utils.data.distributed import DistributedSampler
@@ -111,12 +111,12 @@ class Samplers(Detector):
         if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
             seen = self.epochs.setdefault(id(sampler), [])
             if seen.count(sampler.epoch) >= 2:     # a third pass with one epoch: a peek plus one epoch is only 2
-                self.found = Finding(
+                self.found = WatchFinding(
                     self.SAME_EPOCH.pitfall,
                     f"a DataLoader with a shuffling DistributedSampler was iterated {len(seen) + 1} times, again "
                     f"with epoch {sampler.epoch}: every epoch gets the same order (call sampler.set_epoch(epoch))",
                     {"iterations": len(seen) + 1, "epoch": sampler.epoch}, self.watch.where())
             seen.append(sampler.epoch)
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return [self.found] if self.found else []
