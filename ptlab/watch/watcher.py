@@ -14,12 +14,13 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from .detectors import DETECTORS, LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector
+from .detectors import LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector, FrozenUpdated, Graphs, Modes, ZeroGrad
+from .losses import LossCalls, LossValues
 from .report import WatchFinding
 from .wrapped import Amp, Samplers
 
 # Every detector, in the order their findings are reported.
-EVERY_DETECTOR: list[type[Detector]] = [*DETECTORS, Amp, Samplers]
+EVERY_DETECTOR: list[type[Detector]] = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, LossValues, Amp, Samplers]
 
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
 _SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
