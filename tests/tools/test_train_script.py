@@ -256,3 +256,36 @@ def test_the_logged_train_curves_are_the_mean_over_ranks():
     run = run_ranks(rank_workers.averaged_train_curves, 2, timeout_s=120)
     assert run.ok, run.error
     assert run.results == [[1.5, 3.5, 0.5, 0.125]] * 2          # before: rank 0 logged its own [1.0, 2.0, ...]
+
+
+NCCL_AVERAGE = """
+import sys
+import torch
+import torch.distributed as dist
+from ptlab.train import History
+from ptlab.train_script import _average_over_ranks
+
+gpu = torch.device("cuda", 0)
+torch.cuda.set_device(gpu)
+dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1, device_id=gpu)
+history = History(epoch=[1, 2], train_loss=[2.0, 1.0], train_acc=[0.25, 0.5])
+_average_over_ranks(history, ("train_loss", "train_acc"), 1, gpu)
+dist.destroy_process_group()
+print(history.train_loss, history.train_acc)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nccl")
+def test_the_logged_curves_average_in_a_real_nccl_group():
+    """The end of every multi-GPU run (H200: it failed there): the curves' all-reduce on real nccl, one rank."""
+    import subprocess
+    import sys
+
+    from ptlab.core import env_importing_this_ptlab
+    from ptlab.distributed import free_port
+
+    done = subprocess.run([sys.executable, "-c", NCCL_AVERAGE, str(free_port())], capture_output=True, text=True,
+                          timeout=120, env=env_importing_this_ptlab())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[2.0, 1.0] [0.25, 0.5]"
