@@ -16,10 +16,20 @@ def _skip_if_unavailable(record):
         pytest.skip(f"{record.id}: {reason}")
 
 
+_RUNS: dict[tuple[str, bool], Outcome] = {}
+
+
+def _run(record, buggy: bool) -> Outcome:
+    """The record run once each way in this test session: the three tests below judge the same two runs."""
+    if (record.id, buggy) not in _RUNS:
+        _RUNS[record.id, buggy] = record.run(buggy=buggy)
+    return _RUNS[record.id, buggy]
+
+
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_buggy_run_shows_every_check(record):
     _skip_if_unavailable(record)
-    outcome = record.run(buggy=True)
+    outcome = _run(record, buggy=True)
     failed = [c.line() for c in outcome.checks if not c.holds]
     assert outcome.broken and not failed, f"{record.id}: with the bug on these checks fail: {failed}"
 
@@ -27,7 +37,7 @@ def test_buggy_run_shows_every_check(record):
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_fixed_run_shows_no_check(record):
     _skip_if_unavailable(record)
-    outcome = record.run(buggy=False)
+    outcome = _run(record, buggy=False)
     held = [c.line() for c in outcome.checks if c.holds]
     assert not outcome.broken and not held, f"{record.id}: fixed, these symptom checks still hold: {held}"
 
@@ -36,7 +46,7 @@ def test_fixed_run_shows_no_check(record):
 def test_both_runs_check_the_same_statements(record):
     """The fixed run is judged by the very checks that showed the bug."""
     _skip_if_unavailable(record)
-    buggy, fixed = record.run(buggy=True), record.run(buggy=False)
+    buggy, fixed = _run(record, buggy=True), _run(record, buggy=False)
     assert [(c.what, c.bound) for c in buggy.checks] == [(c.what, c.bound) for c in fixed.checks]
 
 
