@@ -1,4 +1,6 @@
 """`python -m ptlab gpu-check`, rehearsed on the CPU (--allow-cpu): the same machinery a GPU machine runs."""
+import importlib.util
+import re
 import subprocess
 import sys
 
@@ -103,3 +105,33 @@ def test_missing_packages_are_named_with_the_fix(tmp_path):
     (tmp_path / ".gpu-wheels").mkdir()
     (tmp_path / ".gpu-wheels" / "requirements.txt").write_text("nbclient==0.11.0\n")
     assert "not in .gpu-wheels: no-such-module-here" in gpu_env.fix_lines(["no_such_module_here"], tmp_path)[-1]
+
+
+def _gpu_wheels():
+    spec = importlib.util.spec_from_file_location("gpu_wheels", ROOT / "tools" / "gpu_wheels.py")
+    module = sys.modules["gpu_wheels"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_wheelhouse_carries_the_runner_at_the_locked_pins_and_nothing_torch_brings():
+    wheels = _gpu_wheels()
+    pins = wheels.read_lock(ROOT / "requirements.lock")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    roots = re.search(r"^GPU_WHEELS \?= (.*)$", makefile, re.M).group(1).split()
+    carried = {p.name: p.spec for p in wheels.carried(pins, roots, wheels.TARGET_ENV)}
+    assert {"nbclient", "nbformat", "nbval", "ipykernel", "ipywidgets", "jupyter-client", "pyzmq", "traitlets",
+            "pytest", "pytest-timeout"} <= set(carried)
+    assert not {"torch", "torchvision", "triton", "numpy", "pillow", "typing-extensions", "jinja2"} & set(carried)
+    assert not any(name.startswith(("nvidia-", "cuda-")) for name in carried)
+    assert carried["ipykernel"] == "ipykernel==7.4.0"   # the pin the lock takes for Python 3.12
+    assert all(p.hashes for p in pins)
+
+
+def test_make_has_the_two_gpu_targets_and_ignores_what_they_write():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    for target in ("gpu-check", "gpu-wheels"):
+        assert f"\n{target}:" in makefile and f'@echo "make {target} ' in makefile
+    assert re.search(r"^gpu-check:\n\t.*-m ptlab gpu-check$", makefile, re.M)
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
+    assert ".gpu-wheels/" in ignored and "gpu-report/" in ignored
