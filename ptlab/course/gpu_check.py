@@ -21,6 +21,7 @@ from pathlib import Path
 
 import nbformat
 import psutil
+import torch
 
 from ptlab.core import PTLAB_ROOT, env_importing_this_ptlab
 from ptlab.course.gpu_env import (cuda_test_ids, environment_header, fix_lines, local_modules, missing_modules,
@@ -281,7 +282,7 @@ def _gated_section(results: list[NotebookResult]) -> list[str]:
 
 
 def render_report(header: list[str], settings: str, packages: list[str], results: list[NotebookResult],
-                  tests: TestRun | None, files: list[str], verdict: str) -> str:
+                  tests: TestRun | str, files: list[str], verdict: str) -> str:
     """report.md: header, the notebook table, the error lines, the test summary, the GPU-gated outputs."""
     errors = [e for r in results for e in r.errors]
     unfinished = [r for r in results if r.status != "done"]
@@ -296,8 +297,8 @@ def render_report(header: list[str], settings: str, packages: list[str], results
     lines += errors[:ERROR_LINES] + ([f"... {len(errors) - ERROR_LINES} more in tracebacks.txt"]
                                      if len(errors) > ERROR_LINES else [])
     lines += ["", "## Tests", ""]
-    if tests is None:
-        lines.append("not run")
+    if isinstance(tests, str):
+        lines.append(tests)
     else:
         lines += [f"{tests.summary} ({tests.wall_s:.0f} s; tests.txt has the log)", *tests.failures[:ERROR_LINES]]
     lines += ["", f"## GPU-gated cells (code cells that test `{GATED}`)", "", *_gated_section(results), "",
@@ -305,12 +306,33 @@ def render_report(header: list[str], settings: str, packages: list[str], results
     return "\n".join(lines) + "\n"
 
 
+def _write_files(out: Path, results: list[NotebookResult], keep_notebooks: bool) -> None:
+    (out / "tracebacks.txt").write_text("".join(t for r in results for t in r.tracebacks), encoding="utf-8")
+    (out / "gpu-cells.txt").write_text("".join(f"== {label}\n{text}\n" for r in results for label, text in r.gated),
+                                       encoding="utf-8")
+    if keep_notebooks:
+        (out / "executed").mkdir(exist_ok=True)
+        for r in results:
+            if r.nb is not None:
+                nbformat.write(r.nb, out / "executed" / f"{r.label}_{r.path.name}")
+
+
+def failures(results: list[NotebookResult], missing: list[str], tests: TestRun | str) -> list[str]:
+    """What failed, counted: cell errors, unfinished notebooks, missing packages, the test run."""
+    counts = ((sum(len(r.errors) for r in results), "cell errors"),
+              (sum(r.status != "done" for r in results), "notebooks not finished"),
+              (len(missing), "packages missing"), (int(isinstance(tests, TestRun) and not tests.passed),
+                                                   "test run failed"))
+    return [f"{n} {what}" for n, what in counts if n]
+
+
 def gpu_check(notebooks: list[Path], out: Path, lanes: int, cell_timeout_s: float, deadline_s: float,
               tests_s: float, test_ids: list[str] | None, allow_cpu: bool = False, keep_notebooks: bool = False,
               log=None) -> int:
-    """The whole check; returns the exit status: 0 all passed, 1 something failed, 2 refused (no GPU)."""
-    import torch
+    """The whole check; returns the exit status: 0 all passed, 1 something failed, 2 refused (no GPU).
 
+    report.md is written when the notebooks start, again before the tests, and last at the end, so a run cut
+    short from outside still leaves what it had found."""
     start = time.monotonic()
     if not torch.cuda.is_available() and not allow_cpu:
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine, "
@@ -334,32 +356,28 @@ def gpu_check(notebooks: list[Path], out: Path, lanes: int, cell_timeout_s: floa
                 f"{cell_timeout_s:.0f} s; deadline {deadline_s:.0f} s, notebooks stop at "
                 f"{notebook_deadline - start:.0f} s; {RECORD_VAR}=<this folder>/{record.name}")
     log(settings)
+
+    def write(results: list[NotebookResult], tests: TestRun | str, verdict: str) -> str:
+        files = ["report.md"] + sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.md")
+        report = render_report(header, settings, packages, results, tests, files, verdict)
+        (out / "report.md").write_text(report, encoding="utf-8")
+        return report
+
+    write([], "not run yet", "RESULT: INCOMPLETE (the notebooks were running)")
     env = kernel_env({"OMP_NUM_THREADS": str(threads), RECORD_VAR: str(record)})
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     results = run_notebooks(paths, lanes, env, cell_timeout_s, notebook_deadline, log)
     if end_leftover_processes(before):
         log("ended processes the kernels left behind")
-    tests = None
+    _write_files(out, results, keep_notebooks)
+    tests: TestRun | str = "not run (--no-tests)"
     if test_ids:
+        write(results, "not run yet", "RESULT: INCOMPLETE (the tests were running)")
         left = start + deadline_s - time.monotonic()
         log(f"tests: {len(test_ids)} ids, timeout {left:.0f} s")
         tests = run_tests(test_ids, left, out / "tests.txt", root)
-    (out / "tracebacks.txt").write_text("".join(t for r in results for t in r.tracebacks), encoding="utf-8")
-    (out / "gpu-cells.txt").write_text("".join(f"== {label}\n{text}\n" for r in results for label, text in r.gated),
-                                       encoding="utf-8")
-    if keep_notebooks:
-        (out / "executed").mkdir(exist_ok=True)
-        for r in results:
-            if r.nb is not None:
-                nbformat.write(r.nb, out / "executed" / f"{r.label}_{r.path.name}")
-    failed = [f"{n} {what}" for n, what in (
-        (sum(len(r.errors) for r in results), "cell errors"),
-        (sum(r.status != "done" for r in results), "notebooks not finished"),
-        (len(missing), "packages missing"), (int(tests is not None and not tests.passed), "test run failed")) if n]
+    failed = failures(results, missing, tests)
     verdict = (f"RESULT: {'FAIL (' + ', '.join(failed) + ')' if failed else 'PASS'} "
                f"in {time.monotonic() - start:.0f} s")
-    files = ["report.md"] + sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "report.md")
-    report = render_report(header, settings, packages, results, tests, files, verdict)
-    (out / "report.md").write_text(report, encoding="utf-8")
-    print(report)
+    print(write(results, tests, verdict))
     return 1 if failed else 0

@@ -68,7 +68,7 @@ def test_failed_claims_timeouts_and_the_deadline_are_reported(tmp_path, capsys):
     assert "bad_claim:c5 ZeroDivisionError: division by zero" in report
     assert "bad_claim:c4" not in report and "| bad_claim | " in report
     assert "stopped: slow_cell:c2 timed out after 4 s" in report
-    assert "not finished (deadline, at c" in report and "not run" in report
+    assert "not finished (deadline, at c" in report and "not run (--no-tests)" in report
     assert "**bad_claim:c3**" in report and "skipped: no CUDA GPU here" in report
     assert "gpu-record.json" in report and (tmp_path / "out" / "gpu-record.json").read_text() == '{"x": 1}\n'
     assert "RESULT: FAIL (2 cell errors, 2 notebooks not finished)" in report
