@@ -23,8 +23,8 @@ WHEELHOUSE = ".gpu-wheels"
 # What the check itself runs on: without these it cannot start a kernel or read a notebook.
 RUNNER_NEEDS = ("nbclient", "nbformat", "ipykernel", "jupyter_client", "pytest")
 # Imported where a scan of import statements cannot see it: torch.onnx.export (chapter 8) imports onnx and
-# onnxscript; nbval and pytest-timeout are what `make test` and the check's test run add.
-ALSO_NEEDED = ("onnx", "onnxscript", "nbval", "pytest_timeout")
+# onnxscript; pytest-timeout limits each test of the check's test run.
+ALSO_NEEDED = ("onnx", "onnxscript", "pytest_timeout")
 DISTRIBUTION = {"PIL": "pillow", "IPython": "ipython", "pytest_timeout": "pytest-timeout", "yaml": "pyyaml",
                 "jupyter_client": "jupyter-client", "zmq": "pyzmq"}
 

@@ -135,3 +135,14 @@ def test_make_has_the_two_gpu_targets_and_ignores_what_they_write():
     assert re.search(r"^gpu-check:\n\t.*-m ptlab gpu-check$", makefile, re.M)
     ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
     assert ".gpu-wheels/" in ignored and "gpu-report/" in ignored
+
+
+def test_the_command_line_defaults_are_the_budgeted_ones(monkeypatch):
+    from ptlab.__main__ import build_parser
+
+    monkeypatch.delenv("OUT", raising=False)
+    args = build_parser().parse_args(["gpu-check"])
+    assert (args.cell_timeout_s, args.deadline_s, args.tests_s) == (gpu_check.CELL_TIMEOUT_S, gpu_check.DEADLINE_S,
+                                                                    gpu_check.TESTS_S)
+    assert args.deadline_s + gpu_check.GRACE_S < 8 * 60 and args.deadline_s - args.tests_s >= 1.5 * 167
+    assert args.out == "gpu-report" and args.lanes == 0 and not args.allow_cpu
