@@ -87,6 +87,7 @@ def test_op_dtypes_makes_every_tensor_on_the_device_asked_for_and_autocasts_ther
     assert len(mode.seen) >= 11 and set(mode.seen) == {"meta"}, f"the table's ops ran on {set(mode.seen)}"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: CUDA's autocast policy is not run")
 def test_op_dtypes_on_cuda_gives_cudas_float16_policy():
     table = {op: out for op, _, out in op_dtypes("cuda", torch.float16)}
