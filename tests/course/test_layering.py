@@ -187,15 +187,3 @@ def test_every_notebook_import_resolves(notebook):
                 missing = [a.name for a in node.names if not hasattr(module, a.name)
                            and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
                 assert not missing, f"{notebook.name}: {node.module} has no {missing}"
-
-
-def test_each_chapter_folder_holds_its_pitfalls_and_exercises():
-    from ptlab import all_pitfalls
-    from ptlab.course.exercises import all_exercises
-
-    folders = {int(p.name[2:4]): p.name for p in (ROOT / "ptlab" / "lessons").glob("ch[0-9][0-9]_*")}
-    assert sorted(folders) == list(range(1, 9))
-    for record in all_pitfalls():
-        assert record.reproduce.__module__.startswith(f"ptlab.lessons.{folders[record.chapter]}."), record.id
-    for ex in all_exercises():
-        assert ex.checker.__module__ == f"ptlab.lessons.{folders[ex.chapter]}.exercises", ex.id
