@@ -18,8 +18,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _pitfalls(args: argparse.Namespace) -> int:
     from .course.catalogue import catalogue_json, catalogue_text
+    from .course.pitfall_record import BUG_ON, FIXED, run_text
     from .course.pitfalls import get_pitfall
-    from .course.pitfall_record import CHECK_MARK
 
     if args.action == "run":
         if not args.id:
@@ -30,19 +30,10 @@ def _pitfalls(args: argparse.Namespace) -> int:
         except KeyError as err:
             print(err.args[0], file=sys.stderr)
             return 2
-        print(f"{record.id} ({'fixed' if args.fixed else 'bug on'}): {record.title}")
-        reason = record.unavailable_reason()
-        if reason is not None:
-            print(f"  skipped: {reason}")
-            return 0
-        outcome = record.run(buggy=not args.fixed)
-        for name, value in outcome.formatted_figures().items():
-            print(f"  {name}: {value}")
-        print(f"  symptom shows: {outcome.broken} (every check holds)" if outcome.broken
-              else f"  symptom shows: {outcome.broken} (not every check holds)")
-        print("  ● a check that holds (the symptom is there), ○ one that does not")
-        for check in outcome.checks:
-            print(f"  {CHECK_MARK[check.holds]} {check.line()}")
+        label = FIXED if args.fixed else BUG_ON
+        print(f"{record.id} ({label}): {record.title}")
+        skipped = record.skipped_text()
+        print(skipped if skipped is not None else run_text({label: record.run(buggy=not args.fixed)}))
         return 0
     print(catalogue_json() if args.json else catalogue_text())
     return 0
