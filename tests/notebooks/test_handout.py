@@ -1,5 +1,6 @@
 """`make handout`: the learners' zip holds no solutions and no answers, in one top-level folder."""
 import ast
+import importlib
 import importlib.util
 import inspect
 import json
@@ -100,6 +101,9 @@ def test_no_shipped_function_is_a_correct_answer():
     found = [f"{path.relative_to(ROOT)}: {why}" for path in sorted(ANSWER_TESTS.glob("test_*.py"))
              for why in shipped_answers_in(path)]
     assert found == [], "the handout ships a correct answer:\n" + "\n".join(found)
+    for qualified in TAUGHT_TOOLS:
+        module, name = qualified.rsplit(".", 1)
+        assert inspect.isfunction(getattr(importlib.import_module(module), name, None)), f"{qualified} is gone"
 
 
 def shipped_answers_in(path) -> list[str]:
