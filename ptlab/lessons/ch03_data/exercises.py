@@ -26,8 +26,8 @@ def _folder_labels(intended) -> dict[str, int]:
          "does that name sit in your own list?",
 )
 def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any]) -> None:
-    for intended, expected in zip(LABEL_CASES, FIGURES["ch3-label-lookup"]["lookups"], strict=True):
-        intended = list(intended)
+    for classes, expected in zip(LABEL_CASES, FIGURES["ch3-label-lookup"]["lookups"], strict=True):
+        intended = list(classes)
         class_to_idx = _folder_labels(intended)
         lookup = calls_stub(label_lookup, dict(class_to_idx), list(intended))
         try:
