@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._legacy import moved
 from .claims import measured
 from .data import to_float_tensors
 from .models import SmallCNN
@@ -372,11 +371,3 @@ def format_op_table(rows: list[tuple[str, str, str]]) -> str:
     lines = [f"{'op':<18}{'input':<10}output"]
     lines += [f"{op:<18}{inp:<10}{out}" for op, inp, out in rows]
     return "\n".join(lines)
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "scale_history": "ptlab.lessons.ch06_amp.demos",
-    "running_sum": "ptlab.lessons.ch06_amp.demos",
-    "class_subset_loaders": "ptlab.lessons.ch06_amp.demos",
-})

@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
     p.add_argument("--runs-dir", default="runs", help="the experiment log (runs.jsonl) goes here")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
-                   help="mixed precision on CUDA: bfloat16 autocast where the GPU supports it, else float16 "
-                        "autocast + GradScaler; none on the CPU (see --cpu-bf16)")
+                   help="mixed precision on CUDA: bfloat16 autocast on a GPU with native bfloat16 (Ampere or "
+                        "newer), else float16 autocast + GradScaler; none on the CPU (see --cpu-bf16)")
     p.add_argument("--cpu-bf16", action="store_true",
                    help="bfloat16 autocast on the CPU (faster only with native bf16, e.g. AVX-512 BF16 or AMX)")
     p.add_argument("--profile", action="store_true", help="rank 0 profiles 5 steps of a copy of the model first")
@@ -158,10 +158,11 @@ def setup_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
 def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool, cuda_bf16: bool | None = None):
     """(GradScaler or None, autocast dtype or None, description), chosen by the device (docs/decisions.md, row 4).
 
-    On a CUDA GPU: bfloat16 where it supports it (float32's range: no scaler), else float16 with a GradScaler.
-    cuda_bf16=None asks torch.cuda.is_bf16_supported()."""
+    On a CUDA GPU: bfloat16 where the GPU runs it natively (float32's range: no scaler), else float16 with a
+    GradScaler. cuda_bf16=None asks torch.cuda.is_bf16_supported(including_emulation=False): True from Ampere
+    on (compute capability 8.0); its default, including_emulation=True, is True on older GPUs too."""
     if device.type == "cuda" and amp:
-        if torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16:
+        if torch.cuda.is_bf16_supported(including_emulation=False) if cuda_bf16 is None else cuda_bf16:
             return None, torch.bfloat16, "bfloat16 autocast (no GradScaler: bf16 has float32's range)"
         return torch.amp.GradScaler("cuda"), torch.float16, "float16 autocast + GradScaler"
     if device.type == "cpu" and cpu_bf16:

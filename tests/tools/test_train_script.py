@@ -289,7 +289,8 @@ print(history.train_loss, history.train_acc)
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nccl")
 def test_the_logged_curves_average_in_a_real_nccl_group():
-    """The end of every multi-GPU run (H200: it failed there): the curves' all-reduce on real nccl, one rank."""
+    """The curves' all-reduce at the end of a multi-GPU run, on real nccl (a one-rank group refused the CPU tensor
+    on an H200): the call with the rank's GPU."""
     import subprocess
     import sys
 
