@@ -1,4 +1,4 @@
-"""Chapter 7's fixtures: the metric pitfall's data and classifier, the rank functions, the one-process demonstrations."""
+"""Chapter 7's fixtures: the metric pitfall's data and classifier, rank functions, one-process demonstrations."""
 import torch
 from torch.utils.data import DistributedSampler
 
