@@ -58,3 +58,18 @@ def test_ring_allreduce_exercise(capsys):
     assert "count the steps" in capsys.readouterr().out
     assert check("ch7-ring-allreduce-seconds", lambda n, k, bw: (k - 1) / k * n / bw) == "wrong"
     assert "0.5x the expected" in capsys.readouterr().out
+
+
+def test_shard_exercise_refuses_the_sampler_itself_and_does_not_print_the_answer(capsys):
+    from torch.utils.data import DistributedSampler
+
+    def one_line(n, world_size, rank, drop_last):
+        return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False,
+                                       drop_last=drop_last))
+
+    assert check("ch7-shard-indices", one_line) == "wrong"
+    assert "compute the indices yourself" in capsys.readouterr().out
+    assert list(DistributedSampler(range(4), num_replicas=2, rank=0, shuffle=False)) == [0, 2]   # restored
+    assert check("ch7-shard-indices", shard_pads_with_last) == "wrong"
+    out = capsys.readouterr().out
+    assert "position 5 holds another index" in out and "[1, 3, 5, 7, 9, 0]" not in out

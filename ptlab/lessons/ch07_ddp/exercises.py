@@ -1,6 +1,7 @@
 """Chapter 7 exercises: the shard each rank gets from DistributedSampler, and the cost of a ring all-reduce."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 from torch.utils.data import DistributedSampler
@@ -15,7 +16,7 @@ from ptlab.lessons.ch07_ddp.exercise_figures import FIGURES
          "`rank` for a dataset of n items, padded when drop_last is False and trimmed when it is True",
     hint="every rank must get the same number of indices. When n does not divide by world_size, which indices "
          "fill the gap (drop_last=False), and which are left out (drop_last=True)? Then, which positions of "
-         "that list belong to `rank`? Try n=11 on 2 ranks by hand first",
+         "that list belong to `rank`? Try n=10 on 4 ranks by hand first (the chapter printed n=11 on 2)",
 )
 def check_shard_indices(shard) -> None:
     cases = [(10, 2, False), (11, 2, False), (11, 2, True), (10, 4, False), (10, 4, True), (3, 4, False),
@@ -24,15 +25,40 @@ def check_shard_indices(shard) -> None:
         for rank in range(world):
             expected = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
                                                drop_last=drop_last))
-            got = calls_stub(shard, n, world, rank, drop_last)
+            with _sampler_refused():
+                got = calls_stub(shard, n, world, rank, drop_last)
             try:
                 got = [int(i) for i in got]
             except TypeError:
                 raise Wrong(f"return a list of ints, got {type(got).__name__}") from None
-            if got != expected:
-                counts = "" if len(got) == len(expected) else f" ({len(got)} indices where {len(expected)} are due)"
-                raise Wrong(f"shard({n}, {world}, {rank}, drop_last={drop_last}) returned {got}{counts}; "
-                            f"DistributedSampler gives {expected}")
+            if got != expected:                            # say where, not what: the list is the exercise
+                if len(got) != len(expected):
+                    where = f" ({len(got)} indices where {len(expected)} are due)"
+                else:
+                    first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+                    where = f" (the count is right; position {first} holds another index than DistributedSampler's)"
+                raise Wrong(f"shard({n}, {world}, {rank}, drop_last={drop_last}) returned {got}{where}")
+
+
+class _UsedTheSampler(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _sampler_refused():
+    """While the learner's shard() runs, iterating a DistributedSampler raises: the task is to compute the indices."""
+    def refuse(self):
+        raise _UsedTheSampler
+
+    original = DistributedSampler.__iter__
+    DistributedSampler.__iter__ = refuse
+    try:
+        yield
+    except _UsedTheSampler:
+        raise Wrong("shard iterates a DistributedSampler, the very class it is compared with: compute the indices "
+                    "yourself, from n, world_size, rank and drop_last") from None
+    finally:
+        DistributedSampler.__iter__ = original
 
 
 # (n_bytes, world_size, bytes_per_second) the check asks about; the seconds it expects are stored figures.
