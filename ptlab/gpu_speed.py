@@ -266,3 +266,16 @@ def tf32_matmul_error(device: torch.device | str = "cuda", size: int = 512) -> d
             product = a @ b
         errors[name] = ((product.double() - exact).abs().max() / exact.abs().max()).item()
     return errors
+
+
+def format_levers(levers: Sequence[Lever] = LEVERS) -> str:
+    """What each lever sets, and the compute capability it needs, as a table."""
+    width = max(len(lever.name) for lever in levers) + 2
+    lines = [f"{'lever':<{width}}{'autocast':<10}{'layout':<15}{'TF32':<7}{'benchmark':<11}needs"]
+    for lever in levers:
+        dtype = str(lever.autocast_dtype).replace("torch.", "") if lever.autocast_dtype else "-"
+        layout = "channels_last" if lever.channels_last else "NCHW"
+        need = ".".join(map(str, lever.min_capability)) if lever.min_capability != (0, 0) else "any GPU"
+        lines.append(f"{lever.name:<{width}}{dtype:<10}{layout:<15}{str(lever.tf32):<7}{str(lever.cudnn_benchmark):<11}"
+                     f"{need}")
+    return "\n".join(lines)

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from ptlab.gpu_speed import (FLOAT16, FLOAT32, LEVERS, Lever, LeverSpeeds, backend_settings, fixed_share, make_step,
-                             speed_levers, step_seconds, tf32_matmul_error, why_skipped)
+from ptlab.gpu_speed import (FLOAT16, FLOAT32, LEVERS, Lever, LeverSpeeds, backend_settings, fixed_share, format_levers,
+                             make_step, speed_levers, step_seconds, tf32_matmul_error, why_skipped)
 
 
 def tiny_cnn():
@@ -151,3 +151,11 @@ def test_on_a_gpu_tf32_changes_a_matmul_where_the_gpu_has_it():
 def test_on_a_gpu_every_lever_runs_or_says_why():
     speeds = speed_levers(tiny_cnn, batch_size=8, image_size=16, steps=1, rounds=1, warmup=1)
     assert set(speeds.images_per_second) | set(speeds.skipped) == {lever.name for lever in LEVERS}
+
+
+def test_format_levers_says_what_each_lever_sets_and_needs():
+    rows = format_levers().splitlines()
+    assert rows[0].split() == ["lever", "autocast", "layout", "TF32", "benchmark", "needs"]
+    assert rows[1].startswith("float32, TF32 off") and rows[1].endswith("any GPU")
+    assert rows[4].startswith("float16 autocast + GradScaler") and rows[4].split()[-1] == "7.0"
+    assert len(rows) == 1 + len(LEVERS)
