@@ -149,8 +149,8 @@ def recorded(lesson_id: str, folder: str | Path | None = None) -> str:
     """A lesson's recorded GPU figures as text, each run labelled with its GPU, torch version and date."""
     figures = recorded_figures(lesson_id, folder)
     if not figures:
-        return (f"no GPU run recorded for {lesson_id} yet: `python -m ptlab gpu-check` on a CUDA machine "
-                "records one")
+        return (f"no GPU run recorded for {lesson_id} yet: on a CUDA machine, the GPU cells add their figures to "
+                f"the file the environment variable {RECORD_ENV} names")
     blocks: dict[str, list[RecordedFigure]] = {}
     for figure in figures:
         blocks.setdefault(figure.label, []).append(figure)
