@@ -321,21 +321,26 @@ def summarize_rows(averages: Iterable, steps: int, wall_s: float) -> StepProfile
     return StepProfile(steps, wall_s, device / 1e6, launches, launch / 1e6, syncs, sync / 1e6, aten)
 
 
-def profile_steps(step: Callable[[], object], *, steps: int = 10, warmup: int = 2) -> StepProfile:
-    """Run `step` `warmup` times, then `steps` times under torch.profiler (CPU, and CUDA when present), waiting
-    for the GPU at the end; what the profile shows per step. Works on the CPU too (no device rows there)."""
+def profile_steps(step: Callable[[], object], *, steps: int = 10, warmup: int = 2,
+                  device: torch.device | str | None = None) -> StepProfile:
+    """Run `step` `warmup` times, then `steps` times under torch.profiler; what the profile shows per step.
+
+    `device` is where the step runs (default: CUDA where available, else the CPU). On CUDA the profile
+    records CUDA activity too and waits for the GPU at the end; on the CPU it has no device rows at all.
+    """
     if not callable(step):
         raise TypeError(f"profile_steps needs a callable, got {type(step).__name__}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
     for _ in range(warmup):
         step()
-    cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.synchronize()
-    prof = profile(activities=_activities())
+        torch.cuda.synchronize(device)
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
     with _quiet_native_stderr():
         prof.__enter__()
     try:
@@ -343,7 +348,7 @@ def profile_steps(step: Callable[[], object], *, steps: int = 10, warmup: int = 
         for _ in range(steps):
             step()
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         wall = time.perf_counter() - start
     finally:
         with _quiet_native_stderr():
