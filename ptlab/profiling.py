@@ -283,9 +283,6 @@ class StepProfile:
         """Share of the wall time the GPU was busy (one stream runs one kernel at a time)."""
         return self.device_s / self.wall_s if self.wall_s > 0 else 0.0
 
-    def per_step(self, total: float) -> float:
-        return total / self.steps
-
     def __str__(self) -> str:
         s = self.steps
         return "\n".join([
