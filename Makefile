@@ -13,7 +13,8 @@ SECOND_CONFIG := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_IS
 # A CPU with AVX2 only (no AVX-512), emulated on a faster one: what the budgets are set for.
 AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 
-.PHONY: check-setup handout help setup lab test test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 doctor lock catalogue clean
+.PHONY: check-setup handout help setup lab test test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 \
+	doctor lock catalogue clean gpu-check gpu-wheels
 
 help:
 	@echo "make lab            set up .venv and start JupyterLab on notebooks/"
@@ -23,6 +24,8 @@ help:
 	@echo "make notebooks      re-execute every notebook in place (refresh committed outputs)"
 	@echo "make bench          run every notebook once: time, slowest cell, peak RSS, checked share"
 	@echo "make bench-avx2     the same, with AVX-512 switched off (the CPU the budgets are set for)"
+	@echo "make gpu-check      on a GPU machine: every notebook on CUDA, claims asserted, the GPU tests; gpu-report/"
+	@echo "make gpu-wheels     .gpu-wheels/: the wheels a GPU machine with its own torch needs for gpu-check"
 	@echo "make handout        a zip for learners: no solutions, no answers, one top-level folder"
 	@echo "make lock           recompile requirements.lock from requirements.in (needs uv)"
 	@echo "make clean          remove .venv and test artefacts (do this if set-up says the venv is broken)"
@@ -87,6 +90,19 @@ bench: check-setup $(READY)
 bench-avx2: check-setup $(READY)
 	env $(AVX2_CPU) $(PY) -m ptlab doctor
 	env $(AVX2_CPU) $(PY) -m ptlab bench notebooks
+
+# On a GPU machine (README, "On a GPU"): at most 8 minutes on one H200; report in gpu-report/ ($$OUT when set).
+# It runs on whatever Python and torch are there, so it uses them rather than this venv when there is none.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PY) -m ptlab gpu-check
+
+# A borrowed GPU machine has its own torch and torchvision and no PyPI: carry these (at requirements.lock's pins,
+# with what they need, less what torch and torchvision pull in), for CPython 3.12 manylinux x86-64 and this Python.
+# Add a package the report names as missing: make gpu-wheels GPU_WHEELS="$(GPU_WHEELS) matplotlib" (~17 MiB).
+GPU_WHEELS ?= nbclient nbformat nbval ipykernel ipywidgets pytest pytest-timeout tqdm psutil
+gpu-wheels: check-setup $(READY)
+	$(PY) tools/gpu_wheels.py --lock requirements.lock --dest .gpu-wheels $(GPU_WHEELS)
 
 catalogue: check-setup $(READY)
 	$(PY) -m ptlab catalogue --write

@@ -1,7 +1,9 @@
-"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench | train | watch`."""
+"""Command line: `python -m ptlab doctor | pitfalls | catalogue | data | notebooks | bench | gpu-check | train |
+watch`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -16,8 +18,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _pitfalls(args: argparse.Namespace) -> int:
     from .course.catalogue import catalogue_json, catalogue_text
+    from .course.pitfall_record import BUG_ON, FIXED, run_text
     from .course.pitfalls import get_pitfall
-    from .course.pitfall_record import CHECK_MARK
 
     if args.action == "run":
         if not args.id:
@@ -28,19 +30,10 @@ def _pitfalls(args: argparse.Namespace) -> int:
         except KeyError as err:
             print(err.args[0], file=sys.stderr)
             return 2
-        print(f"{record.id} ({'fixed' if args.fixed else 'bug on'}): {record.title}")
-        reason = record.unavailable_reason()
-        if reason is not None:
-            print(f"  skipped: {reason}")
-            return 0
-        outcome = record.run(buggy=not args.fixed)
-        for name, value in outcome.formatted_figures().items():
-            print(f"  {name}: {value}")
-        print(f"  symptom shows: {outcome.broken} (every check holds)" if outcome.broken
-              else f"  symptom shows: {outcome.broken} (not every check holds)")
-        print("  ● a check that holds (the symptom is there), ○ one that does not")
-        for check in outcome.checks:
-            print(f"  {CHECK_MARK[check.holds]} {check.line()}")
+        label = FIXED if args.fixed else BUG_ON
+        print(f"{record.id} ({label}): {record.title}")
+        skipped = record.skipped_text()
+        print(skipped if skipped is not None else run_text({label: record.run(buggy=not args.fixed)}))
         return 0
     print(catalogue_json() if args.json else catalogue_text())
     return 0
@@ -94,6 +87,21 @@ def _bench(args: argparse.Namespace) -> int:
     return bench([Path(p) for p in args.paths], markdown=args.markdown)
 
 
+def _gpu_check(args: argparse.Namespace) -> int:
+    from .course.gpu_env import cannot_start
+
+    reason = cannot_start()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 2
+    from .course.gpu_check import default_lanes, default_test_ids, gpu_check
+
+    tests = [] if args.no_tests else args.tests if args.tests is not None else default_test_ids()
+    return gpu_check([Path(p) for p in args.notebooks], Path(args.out), args.lanes or default_lanes(),
+                     args.cell_timeout_s, args.deadline_s, args.tests_s, tests, allow_cpu=args.allow_cpu,
+                     keep_notebooks=args.keep_notebooks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree; every option shows its default in --help."""
     parser = argparse.ArgumentParser(prog="python -m ptlab", description=__doc__,
@@ -125,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", default=["notebooks"])
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown, for the README")
     p.set_defaults(func=_bench)
+    p = sub.add_parser("gpu-check", help="every notebook on the GPU with its claims asserted, the GPU tests, a report",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="without a GPU, rehearse the check on the CPU instead of refusing")
+    p.add_argument("--notebooks", nargs="+", default=["notebooks"], help="notebooks, or folders of them")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gpu-report",
+                   help="the report's folder ($OUT when set: a borrowed GPU machine returns only what is there)")
+    p.add_argument("--lanes", type=int, default=0, help="notebooks run at once (0: min(4, CPUs // 4), at least 1)")
+    p.add_argument("--cell-timeout-s", type=float, default=240.0, help="the most one cell may take")
+    p.add_argument("--deadline-s", type=float, default=420.0,
+                   help="the whole check ends by then: unfinished notebooks are reported, the tests cut")
+    p.add_argument("--tests-s", type=float, default=150.0,
+                   help="seconds of the deadline kept for the tests: the notebooks stop at deadline - this")
+    p.add_argument("--tests", nargs="+", metavar="ID", default=None,
+                   help="pytest ids to run (default: the tests marked cuda, and the resume, checkpoint and "
+                        "collective tests)")
+    p.add_argument("--no-tests", action="store_true", help="run the notebooks only")
+    p.add_argument("--keep-notebooks", action="store_true", help="also write the executed notebooks to OUT/executed")
+    p.set_defaults(func=_gpu_check)
     p = sub.add_parser("train", add_help=False, help="the reference training script (python -m ptlab train --help)")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda args: _train(args.args))

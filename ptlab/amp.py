@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._legacy import moved
 from .claims import measured
 from .data import to_float_tensors
 from .models import SmallCNN
@@ -98,9 +97,10 @@ def _counted_flops(model: nn.Module, input_shape: tuple[int, ...], backward: boo
         raise ValueError(f"input_shape must be a tuple of positive ints (one image, no batch), got {input_shape!r}")
     probe = copy.deepcopy(model).train()                    # the caller's model, BN stats and grads untouched
     batch = 2                                               # BatchNorm needs more than one value per channel
-    images = torch.zeros(batch, *input_shape)               # (2, C, H, W)
+    device = next(probe.parameters(), torch.empty(0)).device   # the inputs go where the model is (a GPU too)
+    images = torch.zeros(batch, *input_shape).to(device)    # (2, C, H, W)
     with FlopCounterMode(display=False) as counter:
-        loss = F.cross_entropy(probe(images), torch.zeros(batch, dtype=torch.long))
+        loss = F.cross_entropy(probe(images), torch.zeros(batch, dtype=torch.long).to(device))
         if backward:
             loss.backward()
     return counter.get_total_flops() / batch
@@ -371,11 +371,3 @@ def format_op_table(rows: list[tuple[str, str, str]]) -> str:
     lines = [f"{'op':<18}{'input':<10}output"]
     lines += [f"{op:<18}{inp:<10}{out}" for op, inp, out in rows]
     return "\n".join(lines)
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "scale_history": "ptlab.lessons.ch06_amp.demos",
-    "running_sum": "ptlab.lessons.ch06_amp.demos",
-    "class_subset_loaders": "ptlab.lessons.ch06_amp.demos",
-})

@@ -137,12 +137,14 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                     scheduler: Any = None, *, generators: dict[str, torch.Generator] | None = None,
-                    map_location: str | torch.device = "cpu", restore_random: bool = True) -> Checkpoint:
+                    restore_random: bool = True) -> Checkpoint:
     """Load a checkpoint into model (strict), optimizer, scheduler and generators, with weights_only=True.
 
     A DistributedDataParallel or DataParallel wrapper is loaded through its .module, as it was saved.
-    map_location="cpu" (the default) loads a checkpoint written on a GPU on a machine without one;
-    the optimizer's state then follows the model's parameters to wherever the model is.
+    The file is always read onto the CPU, so a checkpoint written on a GPU loads on a machine without one;
+    load_state_dict then copies the weights, and the optimizer's state, to wherever the model's parameters
+    are. The random generators' states stay on the CPU: torch takes a generator's state (a CUDA one's
+    too) only as a CPU ByteTensor, so mapping the file to a GPU would make the resume fail.
     restore_random=True (the default, for resuming) also sets torch's, NumPy's and Python's global random
     generators back to their state at the save; pass restore_random=False to load weights for evaluation
     or inspection without rewinding them.
@@ -150,7 +152,7 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True)   # never a GPU: see the docstring
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{path} is not a ptlab checkpoint (format {FORMAT!r}); "
                          "for a bare state_dict use model.load_state_dict(torch.load(path, weights_only=True))")

@@ -24,7 +24,6 @@ from torch.nn.parameter import is_lazy
 
 from ptlab.claims import measured
 
-from ._legacy import moved
 from .loop import model_device, to_device
 
 
@@ -238,14 +237,3 @@ def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[.
                            "(first_nonfinite names where a NaN comes from)")
     return result
 
-
-# ---------------------------------------------------------------- the troubleshooting table
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "ClinicRow": "ptlab.lessons.ch05_checkpoints_debugging.clinic_table",
-    "CLINIC": "ptlab.lessons.ch05_checkpoints_debugging.clinic_table",
-    "ClinicTable": "ptlab.lessons.ch05_checkpoints_debugging.clinic_table",
-    "clinic_table": "ptlab.lessons.ch05_checkpoints_debugging.clinic_table",
-})

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._legacy import moved
 from .claims import measured, measured_seconds
 from .timing import compare
 
@@ -472,10 +471,3 @@ def capture_compile_logs(fn: Callable, calls: Iterable[tuple], *, dynamic: bool 
             compiled(*args)
     return CompileLogs(tuple(m for name, m in records if name == "graph_breaks"),
                        tuple(m for name, m in records if name == "recompiles"))
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "make_mlp": "ptlab.lessons.ch08_compile_export.models",
-    "TinyTransformerBlock": "ptlab.lessons.ch08_compile_export.models",
-})

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ._graph_watch import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
+from ._graph_cuts import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
 from .claims import measured
 from .loop import model_device, to_device
 from .memory import SavedTensors, saved_tensor_bytes, storage_key  # noqa: F401  (their old import path)

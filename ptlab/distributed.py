@@ -11,8 +11,7 @@ Two ways to start N ranks, both real processes in one gloo process group (nccl o
 Both pick a free port (bind to port 0), give each rank its own threads (OMP_NUM_THREADS), and stop
 everything after `timeout_s`, so nothing can hang a notebook or CI. `run_ranks` starts its ranks with
 forkserver on Linux and with spawn on macOS and Windows (`default_start_method`); `run_torchrun` needs a
-POSIX system (it stops the job through its process group). Chapter 7's rank functions and its
-scaling measurement live in ptlab/lessons/ch07_ddp/ (their old names here still resolve).
+POSIX system (it stops the job through its process group).
 """
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from ._legacy import moved
 from .core import env_importing_this_ptlab
 
 START_METHODS = ("forkserver", "spawn")
@@ -58,6 +56,24 @@ def default_start_method(platform: str | None = None) -> str:
     if platform.startswith("linux") and "forkserver" in multiprocessing.get_all_start_methods():
         return "forkserver"
     return "spawn"
+
+
+def collective_device(backend: str, device: torch.device | str) -> torch.device:
+    """Where to put a collective's tensors: on the rank's own GPU under nccl, on the CPU under gloo.
+
+    nccl reduces GPU memory only: a CPU tensor fails with "No backend type associated with device type
+    cpu". gloo takes CPU tensors on every machine (and CUDA tensors too; the CPU is where gloo ranks train
+    here). `device` is the one this rank trains on.
+    """
+    device = torch.device(device)
+    if backend == "nccl":
+        if device.type == "cpu":
+            raise ValueError("nccl reduces only tensors on the rank's GPU, but this rank's device is the CPU: "
+                             "use gloo for CPU ranks")
+        return device
+    if backend == "gloo":
+        return torch.device("cpu")
+    raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -399,21 +415,3 @@ def _torchrun_once(target: list[str], nproc: int, timeout_s: float, cwd: str | P
         stdout, stderr = proc.communicate()
         timed_out = True
     return LaunchResult(command, proc.returncode, stdout, stderr, time.perf_counter() - start, timed_out)
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "checksum": "ptlab.lessons.ch07_ddp.rank_functions",
-    "describe_rank": "ptlab.lessons.ch07_ddp.rank_functions",
-    "train_and_gather_checksums": "ptlab.lessons.ch07_ddp.rank_functions",
-    "sampler_shards": "ptlab.lessons.ch07_ddp.rank_functions",
-    "split_batch_vs_one_process": "ptlab.lessons.ch07_ddp.rank_functions",
-    "save_on_rank_zero": "ptlab.lessons.ch07_ddp.rank_functions",
-    "fail_on_rank": "ptlab.lessons.ch07_ddp.rank_functions",
-    "extra_forward_on_rank_zero": "ptlab.lessons.ch07_ddp.rank_functions",
-    "time_training": "ptlab.lessons.ch07_ddp.scaling",
-    "ScalingResult": "ptlab.lessons.ch07_ddp.scaling",
-    "measure_scaling": "ptlab.lessons.ch07_ddp.scaling",
-    "shown_command": "ptlab.course.notebook_text",
-    "mask_figures": "ptlab.course.notebook_text",
-})

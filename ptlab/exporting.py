@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from ._legacy import moved
 from .claims import measured, measured_seconds
 from .compiling import quiet_compile_logs
 
@@ -155,10 +154,3 @@ def serialized_bytes(model: nn.Module) -> int:
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return buffer.getbuffer().nbytes
-
-
-# Names that moved to the chapter that teaches them, still importable from here (see ptlab._legacy).
-__getattr__ = moved(__name__, {
-    "SoftmaxOverSequence": "ptlab.lessons.ch08_compile_export.models",
-    "legacy_dynamic_int8": "ptlab.lessons.ch08_compile_export.quantization",
-})

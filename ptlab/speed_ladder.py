@@ -41,6 +41,7 @@ class Rung:
     images_per_cpu_s: float | None = None
     skipped: str = ""               # the reason, when the rung was not measured
     compile_seconds: float | None = None   # wall time of its first step (compile + one step), compiled rungs only
+    load_cpu_s_per_image: float | None = None   # its fastest batch loading alone, CPU-seconds per image
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,23 @@ class Ladder:
                 return 1.0 if before is None else r.images_per_cpu_s / before.images_per_cpu_s
             before = r
         raise AssertionError("unreachable")
+
+    def load_ratio(self, name: str) -> float:
+        """The rung before `name`'s CPU time per image to load a batch over `name`'s: how much faster it loads."""
+        names = [r.name for r in self.measured_rungs]
+        if name not in names or names.index(name) == 0:
+            raise ValueError(f"load_ratio needs a measured rung after the first, got {name!r}")
+        before, rung = self[names[names.index(name) - 1]], self[name]
+        if not rung.load_cpu_s_per_image:                        # below the clock's resolution
+            return float("inf")
+        return before.load_cpu_s_per_image / rung.load_cpu_s_per_image
+
+    def load_share(self, name: str) -> float:
+        """The share of a measured rung's fastest step spent loading its batch (CPU time, 0 to 1)."""
+        rung = self[name]
+        if rung.images_per_cpu_s is None:
+            raise ValueError(f"rung {name!r} was skipped ({rung.skipped}): it has no loading time")
+        return rung.load_cpu_s_per_image * rung.images_per_cpu_s
 
     def to_naive(self, name: str) -> float:
         """A measured rung's images per CPU-second over the first rung's."""
@@ -130,8 +148,9 @@ def _batches(setup: Setup, images: torch.Tensor, labels: torch.Tensor, seed: int
 
 
 def _training_step(setup: Setup, make_model: Callable[[], nn.Module], batches: Iterator[tuple],
-                   lr: float) -> Callable[[], int]:
-    """One training step of a fresh model set up as `setup` says; returns the number of images it trained on."""
+                   lr: float) -> Callable[[], tuple[int, float]]:
+    """One training step of a fresh model set up as `setup` says; returns the number of images it trained on and
+    the CPU seconds it took to load them."""
     model = make_model()
     if setup.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -139,8 +158,10 @@ def _training_step(setup: Setup, make_model: Callable[[], nn.Module], batches: I
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True if setup.fused else None)
     forward = torch.compile(model, dynamic=False) if setup.compiled else model
 
-    def step() -> int:
+    def step() -> tuple[int, float]:
+        start = time.process_time()
         X, y = next(batches)                                     # (B, 3, 32, 32), (B,)
+        load_cpu = time.process_time() - start
         if setup.channels_last:
             X = X.contiguous(memory_format=torch.channels_last)
         optimizer.zero_grad()
@@ -148,7 +169,7 @@ def _training_step(setup: Setup, make_model: Callable[[], nn.Module], batches: I
             loss = F.cross_entropy(forward(X), y)
         loss.backward()
         optimizer.step()
-        return len(y)
+        return len(y), load_cpu
     return step
 
 
@@ -195,22 +216,25 @@ def speed_ladder(width: int = 16, batch_size: int = 32, large_batch_size: int = 
         train = {name: _training_step(s, make_model, _batches(s, images, labels, seed), lr)
                  for name, s in measured_setups}
         best = {name: float("inf") for name in train}
+        best_load = dict(best)
         first = {}
         for i in range(warmup + steps):
             for name, step in train.items():
                 wall, cpu = time.perf_counter(), time.process_time()
-                n = step()
+                n, load_cpu = step()
                 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
                 if i == 0:
                     first[name] = wall
                 if i >= warmup:
                     best[name] = min(best[name], cpu / n)
+                    best_load[name] = min(best_load[name], load_cpu / n)
     out = []
     for name, s in rungs:
         if name not in train:
             out.append(Rung(name, s, skipped=skip))
         else:
-            out.append(Rung(name, s, 1.0 / best[name], compile_seconds=first[name] if s.compiled else None))
+            out.append(Rung(name, s, 1.0 / best[name], compile_seconds=first[name] if s.compiled else None,
+                            load_cpu_s_per_image=best_load[name]))
     return Ladder(tuple(out), used_threads, steps, warmup)
 
 

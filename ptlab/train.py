@@ -311,19 +311,17 @@ def _save_epoch(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer
 
 
 def resume_run(folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
-               train_loader: Iterable | None = None, scaler: torch.amp.GradScaler | None = None,
-               map_location: torch.device | str = "cpu") -> History:
+               train_loader: Iterable | None = None, scaler: torch.amp.GradScaler | None = None) -> History:
     """Restore a run from folder/last.pt as fit wrote it; returns its History (the epochs done).
 
     Model, optimizer, scheduler, every RNG, the train loader's shuffling generator and the GradScaler all
     continue where the run stopped, so the next epoch is bit for bit the one an uninterrupted run would train.
-    The file is read onto the CPU (map_location) and each state is copied from there to where its model and
-    optimizer live: a run written on a GPU resumes on a machine without one, and the random generators'
+    The file is read onto the CPU and each state is copied from there to where its model and optimizer live
+    (load_checkpoint): a run written on a GPU resumes on a machine without one, and the random generators'
     states, which torch only takes as CPU tensors, stay on the CPU.
     """
     path = Path(folder) / "last.pt"
-    state = load_checkpoint(path, model, optimizer, scheduler, map_location=map_location,
-                            generators=_loader_generators(train_loader))
+    state = load_checkpoint(path, model, optimizer, scheduler, generators=_loader_generators(train_loader))
     if "history" not in state.extra:
         raise ValueError(f"{path} holds no training history: it was not written by ptlab.train.fit")
     if scaler is not None and "scaler" in state.extra:

@@ -34,6 +34,7 @@ from ptlab.profiling import profile_training
 from .checkpoint import load_checkpoint
 from .core import DEVICE_ENV, get_device
 from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
+from .distributed import collective_device
 from .experiments import log_run
 from .models import SmallCNN
 from .train import History, evaluate, fit, resume_run
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
     p.add_argument("--runs-dir", default="runs", help="the experiment log (runs.jsonl) goes here")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
-                   help="mixed precision where it pays: float16 autocast + GradScaler on CUDA; none on the CPU")
+                   help="mixed precision on CUDA: bfloat16 autocast on a GPU with native bfloat16 (Ampere or "
+                        "newer), else float16 autocast + GradScaler; none on the CPU (see --cpu-bf16)")
     p.add_argument("--cpu-bf16", action="store_true",
                    help="bfloat16 autocast on the CPU (faster only with native bf16, e.g. AVX-512 BF16 or AMX)")
     p.add_argument("--profile", action="store_true", help="rank 0 profiles 5 steps of a copy of the model first")
@@ -150,17 +152,26 @@ def setup_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
     return rank, world, choice.device
 
 
-def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool):
-    """(GradScaler or None, autocast dtype or None, description), chosen by the device."""
+def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool, cuda_bf16: bool | None = None):
+    """(GradScaler or None, autocast dtype or None, description), chosen by the device (docs/decisions.md, row 4).
+
+    On a CUDA GPU: bfloat16 where the GPU runs it natively (float32's range: no scaler), else float16 with a
+    GradScaler. cuda_bf16=None asks torch.cuda.is_bf16_supported(including_emulation=False): True from Ampere
+    on (compute capability 8.0); its default, including_emulation=True, is True on older GPUs too."""
     if device.type == "cuda" and amp:
+        if torch.cuda.is_bf16_supported(including_emulation=False) if cuda_bf16 is None else cuda_bf16:
+            return None, torch.bfloat16, "bfloat16 autocast (no GradScaler: bf16 has float32's range)"
         return torch.amp.GradScaler("cuda"), torch.float16, "float16 autocast + GradScaler"
     if device.type == "cpu" and cpu_bf16:
         return None, torch.bfloat16, "bfloat16 autocast"
     return None, None, "off" + (" (--cpu-bf16 to use bfloat16)" if device.type == "cpu" else "")
 
 
-def make_loaders(args: argparse.Namespace, rank: int, world: int):
-    """Train (sharded across ranks), validation and test loaders; dry runs take a few batches."""
+def make_loaders(args: argparse.Namespace, rank: int, world: int, pin_memory: bool = False):
+    """Train (sharded across ranks), validation and test loaders; dry runs take a few batches.
+
+    pin_memory=True (for a CUDA GPU, docs/decisions.md row 2) pins each training batch, so fit copies it with
+    non_blocking=True."""
     train_set = load_dataset(True, make_transform(augment=args.augment), name=args.dataset)
     plain_set = load_dataset(True, make_transform(), name=args.dataset)        # validation: no augmentation
     train_idx, val_idx = train_val_split(train_set.targets, args.val_fraction, seed=args.seed)
@@ -170,10 +181,11 @@ def make_loaders(args: argparse.Namespace, rank: int, world: int):
     per_rank = args.batch_size // world
     if world > 1:                                      # each rank its own disjoint shard, reshuffled each epoch
         sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-        loader = DataLoader(train, batch_size=per_rank, sampler=sampler, num_workers=args.workers)
+        loader = DataLoader(train, batch_size=per_rank, sampler=sampler, num_workers=args.workers,
+                            pin_memory=pin_memory)
     else:
         loader = DataLoader(train, batch_size=per_rank, shuffle=True, num_workers=args.workers,
-                            generator=torch.Generator().manual_seed(args.seed))
+                            generator=torch.Generator().manual_seed(args.seed), pin_memory=pin_memory)
     val = DataLoader(Subset(plain_set, val_idx), batch_size=256)
     test_set = load_dataset(False, make_transform(), name=args.dataset)
     test = DataLoader(Subset(test_set, range(256)) if args.dry_run else test_set, batch_size=256)
@@ -189,7 +201,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     main = rank == 0
     say = print if main else (lambda *a, **k: None)
     epochs = args.epochs or (1 if args.dry_run else 3)
-    train_loader, val_loader, test_loader = make_loaders(args, rank, world)
+    train_loader, val_loader, test_loader = make_loaders(args, rank, world, pin_memory=device.type == "cuda")
     scaler, autocast_dtype, amp_text = amp_settings(device, args.amp, args.cpu_bf16)
     say(f"world size {world} ({dist.get_backend() if world > 1 else 'one process'}), device {device.type}, "
         f"batch {args.batch_size // world} per rank ({args.batch_size // world * world} in all), AMP: {amp_text}")
@@ -203,8 +215,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     history = None
     if args.resume:                                    # every rank reads the same file; the plain model's keys
         try:
-            history = resume_run(folder, model, optimizer, train_loader=train_loader, scaler=scaler,
-                                 map_location=device)
+            history = resume_run(folder, model, optimizer, train_loader=train_loader, scaler=scaler)
         except RuntimeError as err:                    # load_state_dict: size mismatch, missing or unexpected keys
             if "state_dict" not in str(err):
                 raise
@@ -230,10 +241,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       device=device, scaler=scaler, autocast_dtype=autocast_dtype, progress=main,
                       checkpoint_dir=folder if main else None)   # rank 0 alone writes checkpoints
     if world > 1:                                      # each rank trained on its own shard: log the mean
-        _average_over_ranks(history, ("train_loss", "train_acc"), world)
+        _average_over_ranks(history, ("train_loss", "train_acc"), world, device)
     if main:                                           # evaluation and the log: rank 0, on the plain model
         plain = model.module if isinstance(model, DDP) else model
-        load_checkpoint(folder / "best.pt", plain, map_location=device, restore_random=False)  # chosen on validation
+        load_checkpoint(folder / "best.pt", plain, restore_random=False)  # chosen on validation
         test = evaluate(plain, test_loader, device=device)
         for e, tl, va in zip(history.epoch, history.train_loss, history.val_acc):
             print(f"epoch {e}: train loss {tl:.4f}, validation accuracy {va:.4f}")
@@ -248,12 +259,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _average_over_ranks(history: History, fields: tuple[str, ...], world: int) -> None:
-    """Replace each rank's own curve by the mean over all ranks (equal shards: the mean over every sample)."""
+def _average_over_ranks(history: History, fields: tuple[str, ...], world: int, device: torch.device) -> None:
+    """Replace each rank's own curve by the mean over all ranks (equal shards: the mean over every sample).
+
+    `device` is the rank's: under nccl the tensor must be on its GPU (collective_device)."""
+    where = collective_device(dist.get_backend(), device)
     for name in fields:
-        values = torch.tensor(getattr(history, name), dtype=torch.float64)
+        values = torch.tensor(getattr(history, name), dtype=torch.float64).to(where)   # (epochs,)
         dist.all_reduce(values)                        # gloo and nccl both sum float64 tensors
-        setattr(history, name, (values / world).tolist())
+        setattr(history, name, (values / world).cpu().tolist())
 
 
 def check_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

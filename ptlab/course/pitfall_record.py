@@ -8,11 +8,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ptlab.claims import Check, show
+from ptlab.claims import MEASURED, Check, show
 from ptlab.course.topics import refuse_second_id
 
 Number = int | float
-CHECK_MARK = {True: "●", False: "○"}   # a symptom check that holds (the symptom is there), one that does not
+BUG_ON, FIXED = "bug on", "fixed"     # the two ways a pitfall runs, as every view labels them
+# Table columns are as wide as the exact values need, never the measured ones, so that a table lines up the same
+# way on every machine (nbval masks a measured figure together with its padding).
+MEASURED_WIDTH = 12
 
 _ID_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _REGISTRY: dict[str, "Pitfall"] = {}
@@ -75,6 +78,11 @@ class Pitfall:
         """Why this pitfall cannot run here, or None when it can."""
         return self.unavailable() if self.unavailable is not None else None
 
+    def skipped_text(self) -> str | None:
+        """What every view prints where this pitfall cannot run here ('skipped: <why>'), or None where it can."""
+        reason = self.unavailable_reason()
+        return None if reason is None else f"skipped: {reason}"
+
     def run(self, buggy: bool = True) -> Outcome:
         """Run the reproduction with the bug on (buggy=True) or fixed, and return what it measured.
 
@@ -106,6 +114,35 @@ class Pitfall:
         """The catalogue entry (everything but the code), JSON-ready."""
         return {"id": self.id, "chapter": self.chapter, "title": self.title, "symptom": self.symptom,
                 "why": self.why, "catch": self.catch}
+
+
+def run_claims(runs: dict[str, Outcome]) -> list[tuple[str, bool]]:
+    """Each check of each run as a statement and whether it is true: with the bug on it holds, fixed it does not."""
+    return [(f"{label}: {check.line()}", check.holds == (label == BUG_ON))
+            for label, outcome in runs.items() for check in outcome.checks]
+
+
+def run_text(runs: dict[str, Outcome]) -> str:
+    """One or both runs ({"bug on": outcome, "fixed": outcome}) as every view shows them: the figures side by side,
+    then one line per check, ✔ where the run shows what it should (✘ where not)."""
+    return "\n".join([figure_table(runs)] + [f"{'✔' if true else '✘'} {statement}"
+                                            for statement, true in run_claims(runs)])
+
+
+def figure_table(runs: dict[str, Outcome]) -> str:
+    """The runs' figures side by side as fixed-width text, a column per run, '-' where a run lacks a figure."""
+    shown = {label: outcome.formatted_figures() for label, outcome in runs.items()}
+    names = list(dict.fromkeys(name for figures in shown.values() for name in figures))
+    width = max(len(n) for n in names) + 2 if names else 2
+    exact = [len(v) for figures in shown.values() for v in figures.values() if not v.startswith(MEASURED)]
+    col = max(exact + [MEASURED_WIDTH] + [len(label) for label in runs]) + 2
+    labels = list(runs)
+
+    def line(first: str, cells: list[str]) -> str:
+        return f"  {first:<{width}}" + "".join(f"{c:<{col}}" for c in cells[:-1]) + cells[-1]
+
+    return "\n".join([line("", labels)] + [line(n, [shown[label].get(n, "-") for label in labels]).rstrip()
+                                          for n in names])
 
 
 @contextmanager

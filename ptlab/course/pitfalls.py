@@ -1,8 +1,9 @@
 """Registered pitfalls: every `pitfalls*.py` of ptlab/lessons/chNN_*/, discovered automatically."""
 from __future__ import annotations
 
-from ptlab.claims import MEASURED, Check, claim
-from ptlab.course.pitfall_record import Outcome, Pitfall, PitfallUnavailable, pitfall, registered
+from ptlab.claims import Check, ClaimFailed
+from ptlab.course.pitfall_record import (BUG_ON, FIXED, Outcome, Pitfall, PitfallUnavailable, figure_table, pitfall,
+                                         registered, run_claims, run_text)
 from ptlab.course.topics import import_lesson_modules
 
 __all__ = ["Check", "Outcome", "Pitfall", "PitfallUnavailable", "pitfall", "all_pitfalls", "get_pitfall",
@@ -50,34 +51,23 @@ def run_pitfall(pitfall_id: str, buggy: bool = True) -> Outcome:
 class PitfallComparison:
     """A pitfall run both ways; printing it gives a side-by-side table of the figures."""
 
-    # Columns are as wide as the exact values need, never the measured ones, so that a table lines up
-    # the same way on every machine (nbval masks a measured figure together with its padding).
-    MEASURED_WIDTH = 12
-
     def __init__(self, record: Pitfall, buggy: Outcome, fixed: Outcome):
         self.record, self.buggy, self.fixed = record, buggy, fixed
 
-    def table(self) -> str:
-        """Figures of both runs side by side, as fixed-width text."""
-        bug, fix = self.buggy.formatted_figures(), self.fixed.formatted_figures()
-        names = list(dict.fromkeys([*bug, *fix]))
-        width = max(len(n) for n in names) + 2 if names else 2
-        exact_widths = [len(v) for v in [*bug.values(), *fix.values()] if not v.startswith(MEASURED)]
-        col = max(exact_widths + [self.MEASURED_WIDTH, len("bug on")]) + 2
-        lines = [f"{self.record.id}", f"  {'':<{width}}{'bug on':<{col}}fixed"]
-        lines += [f"  {n:<{width}}{bug.get(n, '-'):<{col}}{fix.get(n, '-')}".rstrip() for n in names]
-        return "\n".join(lines)
+    @property
+    def runs(self) -> dict[str, Outcome]:
+        """{"bug on": the buggy run's outcome, "fixed": the fixed run's}."""
+        return {BUG_ON: self.buggy, FIXED: self.fixed}
 
-    def verdict_lines(self) -> list[str]:
-        """One line per check: with the bug on each holds, fixed none does."""
-        return ([f"bug on: {c.line()}" for c in self.buggy.checks]
-                + [f"fixed: {c.line()}" for c in self.fixed.checks])
+    def table(self) -> str:
+        """The pitfall's id, then the figures of both runs side by side, as fixed-width text."""
+        return f"{self.record.id}\n{figure_table(self.runs)}"
 
     def plot(self):
         """Both runs' series in one figure (None when the pitfall has no series)."""
         from ptlab.plots import plot_series
 
-        return plot_series({"bug on": self.buggy, "fixed": self.fixed}, title=self.record.title)
+        return plot_series(self.runs, title=self.record.title)
 
     def __repr__(self) -> str:
         return self.table()
@@ -95,9 +85,9 @@ def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison | 
     """
     record = get_pitfall(pitfall_id)
     print(record.id, flush=True)          # the table's first line, shown at once: both runs can take seconds
-    reason = record.unavailable_reason()
-    if reason is not None:                # it needs what this machine lacks: say so, claim nothing
-        print(f"skipped: {reason}")
+    skipped = record.skipped_text()
+    if skipped is not None:               # it needs what this machine lacks: say so, claim nothing
+        print(skipped)
         return None
     if record.in_subprocesses:            # both ways at once: each only waits for its own processes
         from concurrent.futures import ThreadPoolExecutor
@@ -107,11 +97,10 @@ def compare_pitfall(pitfall_id: str, plot: bool = False) -> PitfallComparison | 
     else:
         buggy, fixed = record.run(buggy=True), record.run(buggy=False)
     comparison = PitfallComparison(record, buggy, fixed)
-    print(comparison.table().split("\n", 1)[1])
-    for check in comparison.buggy.checks:
-        claim(f"bug on: {check.line()}", check.holds)
-    for check in comparison.fixed.checks:
-        claim(f"fixed: {check.line()}", not check.holds)
+    print(run_text(comparison.runs))      # the figures, then a ✔ line per check (✘ where a run is not as it should)
+    untrue = [statement for statement, true in run_claims(comparison.runs) if not true]
+    if untrue:
+        raise ClaimFailed(f"claim does not hold on this machine: {untrue[0]}")
     if plot:
         from ptlab.plots import show_figure
 

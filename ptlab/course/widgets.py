@@ -8,8 +8,8 @@ import traceback
 import ipywidgets as widgets
 from IPython.display import display
 
-from ptlab.course.pitfall_record import CHECK_MARK
-from ptlab.course.pitfalls import Outcome, Pitfall, PitfallUnavailable, get_pitfall
+from ptlab.course.pitfall_record import BUG_ON, FIXED, run_text
+from ptlab.course.pitfalls import Outcome, Pitfall, get_pitfall
 from ptlab.plots import plot_series, show_figure
 
 _LINE_STYLE = {
@@ -35,18 +35,12 @@ def prose_html(text: str) -> str:
     return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
 
 
-def figures_html(outcome: Outcome) -> str:
-    """The verdict, the checks that decided it (● holds: the symptom is there; ○ does not), and the figures.
-
-    Not ✔/✘: compare_pitfall's ✔ says a claim about the run is true ("fixed: ... not == 0"), so the same
-    fixed-run check would read ✘ here and ✔ there."""
+def figures_html(label: str, outcome: Outcome) -> str:
+    """The verdict, then the run as compare_pitfall and the command line show it (run_text), as HTML."""
     verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
                else '<b style="color:#27ae60">OK</b>: not every check of the symptom holds')
-    checks = "".join(f"<div>{CHECK_MARK[c.holds]} {html.escape(c.line())}</div>" for c in outcome.checks)
-    rows = "".join(f"<tr><td style='padding-right:1.5em'>{html.escape(k)}</td><td><code>{html.escape(v)}</code></td></tr>"
-                   for k, v in outcome.formatted_figures().items())
-    return (f'<div class="ptlab-verdict">{verdict}</div><div class="ptlab-checks">{checks}</div>'
-            f'<table class="ptlab-figures">{rows}</table>')
+    return (f'<div class="ptlab-verdict">{verdict}</div><pre class="ptlab-figures" style="margin:4px 0;'
+            f'font-size:12px;line-height:1.35">{html.escape(run_text({label: outcome}))}</pre>')
 
 
 class PitfallWidget(widgets.VBox):
@@ -78,17 +72,21 @@ class PitfallWidget(widgets.VBox):
     def run(self) -> None:
         """Run the reproduction as the toggle says and show its figures and plot in the output area."""
         buggy = self.bug_toggle.value
+        label = BUG_ON if buggy else FIXED
+        skipped = self.record.skipped_text()
+        if skipped is not None:  # not a failure: this machine lacks what the pitfall needs
+            self.status.value = "skipped: it cannot run on this machine (reason below)"
+            with self.output:
+                self.output.clear_output(wait=True)
+                print(skipped)
+            return
         self.run_button.disabled = True
-        self.status.value = f"running ({'bug on' if buggy else 'fixed'})…"
+        self.status.value = f"running ({label})…"
         start = time.perf_counter()
         with self.output:
             self.output.clear_output(wait=True)
             try:
                 outcome = self.record.run(buggy=buggy)
-            except PitfallUnavailable as err:  # not a failure: this machine lacks what the pitfall needs
-                self.status.value = "skipped: it cannot run on this machine (reason below)"
-                print(f"skipped: {err}")
-                return
             except Exception:  # show the learner everything, lose nothing
                 self.status.value = "the run raised an exception (shown below)"
                 print(traceback.format_exc())
@@ -96,10 +94,9 @@ class PitfallWidget(widgets.VBox):
             finally:
                 self.run_button.disabled = False
             self.last_outcome = outcome
-            label = "bug on" if buggy else "fixed"
             self.outcomes[label] = outcome
             display(widgets.HTML(f"<div class='ptlab-run' data-mode='{label}'><b>Run: {label}</b></div>"
-                                 + figures_html(outcome)))
+                                 + figures_html(label, outcome)))
             fig = plot_series(self.outcomes, title=self.record.title)  # both modes once both have run
             if fig is not None:
                 show_figure(fig)

@@ -1,5 +1,6 @@
 """Chapter 7 exercises: right answers accepted, typical wrong ones rejected with the hint that names the fault."""
 from ptlab import check
+from ptlab.lessons.ch07_ddp.exercises import RING_CASES
 
 
 def shard(n, world_size, rank, drop_last):
@@ -40,12 +41,19 @@ def test_shard_exercise(capsys):
     assert "shard(1, 4, 2, drop_last=False) returned [] (0 indices where 1 are due)" in capsys.readouterr().out
 
 
-def test_ring_allreduce_exercise(capsys):
-    def right(n_bytes, world_size, bytes_per_second):
-        return 2 * (world_size - 1) / world_size * n_bytes / bytes_per_second
+def allreduce_seconds(n_bytes, world_size, bytes_per_second):
+    """Reduce-scatter, then all-gather: each rank sends world_size - 1 chunks of n_bytes / world_size in each."""
+    return 2 * (world_size - 1) / world_size * n_bytes / bytes_per_second
 
+
+FIGURES = {   # how each stored figure is made (tests/answers/test_stored_figures.py)
+    "ch7-ring-allreduce-seconds": lambda: {"seconds": [allreduce_seconds(*case) for case in RING_CASES]},
+}
+
+
+def test_ring_allreduce_exercise(capsys):
     assert check("ch7-ring-allreduce-seconds", ...) == "not attempted"
-    assert check("ch7-ring-allreduce-seconds", right) == "correct"
+    assert check("ch7-ring-allreduce-seconds", allreduce_seconds) == "correct"
     assert check("ch7-ring-allreduce-seconds", lambda n, k, bw: n / bw) == "wrong"
     assert "count the steps" in capsys.readouterr().out
     assert check("ch7-ring-allreduce-seconds", lambda n, k, bw: (k - 1) / k * n / bw) == "wrong"

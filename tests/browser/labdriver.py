@@ -440,12 +440,13 @@ def drive_widget(page, widget, pitfall_id: str, shots: Path | None) -> tuple[lis
                             f"{output.inner_text()[-1500:]!r}")
             break
         shown = output.locator(".ptlab-run").evaluate_all("els => els.map(e => e.dataset.mode)")
-        rows = output.locator("table.ptlab-figures tr").count()
+        figures = output.locator(".ptlab-figures")   # run_text: the figure table, then a line per check
+        rows = len(figures.inner_text().strip().splitlines()) if figures.count() else 0
         verdict_text = output.locator(".ptlab-verdict").inner_text() if output.locator(".ptlab-verdict").count() else ""
         if shown != [mode]:
             problems.append(f"{pitfall_id} ({mode}): the output area shows runs {shown}, expected only [{mode!r}]")
         if rows == 0:
-            problems.append(f"{pitfall_id} ({mode}): no figures in the output area")
+            problems.append(f"{pitfall_id} ({mode}): no figures or checks in the output area")
         if not verdict_text.startswith(verdict):
             problems.append(f"{pitfall_id} ({mode}): verdict {verdict_text[:80]!r}, expected {verdict}")
         if mode not in label:

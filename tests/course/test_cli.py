@@ -28,12 +28,13 @@ def test_pitfalls_run_prints_figures_and_each_check(capsys):
     for args, buggy in ((["pitfalls", "run", record.id], True), (["pitfalls", "run", record.id, "--fixed"], False)):
         assert main(args) == 0
         out = capsys.readouterr().out
+        label = "bug on" if buggy else "fixed"
+        assert out.startswith(f"{record.id} ({label}): {record.title}\n")
         outcome = record.run(buggy=buggy)
-        assert f"({'bug on' if buggy else 'fixed'})" in out and f"symptom shows: {buggy}" in out
         for name, value in outcome.formatted_figures().items():
-            assert f"  {name}: {value}\n" in out
+            assert f"  {name}" in out and f" {value}\n" in out
         for check in outcome.checks:
-            assert f"{'●' if check.holds else '○'} {check.line()}" in out and "✔" not in out and "✘" not in out
+            assert f"✔ {label}: {check.line()}\n" in out
 
 
 def test_pitfalls_run_unknown_id(capsys):

@@ -1,16 +1,19 @@
 """The package's layers, read from its imports (AST only, nothing is run): what may import what, no cycles.
 
-- foundation (claims, plots, core, timing, loop, data, models, reference, _legacy) imports only the foundation;
+- foundation (claims, plots, core, timing, loop, data, models, reference) imports only the foundation;
 - tools (every other module at the top of ptlab) import the foundation and tools;
 - course (ptlab/course) imports the foundation, tools and course; lessons (ptlab/lessons) may import all of those
   and lessons; nothing else imports a lesson or the course (the registries find lessons on disk);
-- the surface (ptlab/__init__.py, __main__.py) and the old-path shims may import anything; nothing imports a shim.
+- the surface (ptlab/__init__.py, __main__.py) may import anything;
+- no string in a tool, the foundation or ptlab/__init__.py names the course or a lesson (a name imported by string
+  is an import all the same).
 """
 from __future__ import annotations
 
 import ast
 import importlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,9 +21,8 @@ import pytest
 
 from notebook_rules import ROOT
 
-FOUNDATION = {"claims", "plots", "core", "timing", "loop", "data", "models", "reference", "_legacy"}
+FOUNDATION = {"claims", "plots", "core", "timing", "loop", "data", "models", "reference"}
 SURFACE = {"ptlab", "ptlab.__main__"}
-SHIMS = {"ptlab.loading", "ptlab.finetune", "ptlab.doctor", "ptlab.pitfalls", "ptlab.exercises"}
 ALLOWED = {"foundation": {"foundation"}, "tool": {"foundation", "tool"},
            "course": {"foundation", "tool", "course"}, "lesson": {"foundation", "tool", "course", "lesson"}}
 # Function-level imports of ptlab modules allowed, each for import cost: the CLI loads a command's modules on use,
@@ -36,8 +38,6 @@ def module_name(path: Path, package_root: Path) -> str:
 def layer(module: str) -> str:
     if module in SURFACE:
         return "surface"
-    if module in SHIMS:
-        return "shim"
     if module.startswith("ptlab.course"):
         return "course"
     if module.startswith("ptlab.lessons"):
@@ -76,8 +76,6 @@ def layering_violations(package_root: Path) -> list[str]:
     problems, graph = [], {}
     for importer, target, at_top, line in import_edges(package_root):
         where = f"{importer} (line {line}) imports {target}"
-        if layer(target) == "shim" and layer(importer) != "shim":
-            problems.append(f"{where}: an old-path shim; import the module's new home")
         if layer(importer) in ALLOWED and layer(target) not in ALLOWED[layer(importer)]:
             problems.append(f"{where}: a {layer(importer)} may import only {sorted(ALLOWED[layer(importer)])}")
         if not at_top and (importer, None) not in LAZY_OK and (importer, target) not in LAZY_OK:
@@ -127,25 +125,42 @@ def test_the_check_fails_on_a_planted_back_import(tmp_path):
     assert any(p.startswith("import cycle:") and "ptlab.claims" in p for p in layering_violations(copy))
 
 
-def test_every_moved_name_and_old_path_still_resolves():
-    from ptlab import _legacy
+BACK_EDGE_STRING = re.compile(r"\bptlab[./\\](?:lessons|course)\b")
 
-    for module in ("ptlab.amp", "ptlab.distributed", "ptlab.compiling", "ptlab.exporting", "ptlab.clinic"):
-        importlib.import_module(module)
-    assert set(_legacy.MOVED_NAMES) == {"ptlab.amp", "ptlab.distributed", "ptlab.compiling", "ptlab.exporting",
-                                        "ptlab.clinic"}
-    for module, names in _legacy.MOVED_NAMES.items():
-        for name, home in names.items():
-            assert getattr(importlib.import_module(module), name) is getattr(importlib.import_module(home), name)
-    from ptlab.exercises.training import mystery_setup
-    from ptlab.loading import SquaresDataset, normalize_batch
-    from ptlab.pitfalls.autograd import ListMLP
 
-    assert SquaresDataset.__module__ == "ptlab.lessons.ch03_data.datasets" and normalize_batch.__name__ == "normalize_uint8"
-    assert ListMLP.__module__ == "ptlab.lessons.ch02_autograd.pitfalls"
-    assert mystery_setup.__module__ == "ptlab.lessons.ch04_cnn_training.exercises"
-    for shim in SHIMS:
-        importlib.import_module(shim)
+def string_back_edges(package_root: Path) -> list[str]:
+    """Every string literal in a tool or foundation module (or ptlab/__init__.py) that names the course or a lesson."""
+    problems = []
+    for path in sorted(package_root.rglob("*.py")):
+        module = module_name(path, package_root)
+        if layer(module) in ("course", "lesson") or module == "ptlab.__main__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            found = BACK_EDGE_STRING.search(node.value) if isinstance(node, ast.Constant) \
+                and isinstance(node.value, str) else None
+            if found:
+                line = node.lineno + node.value[:found.start()].count("\n")
+                problems.append(f"{module} (line {line}) names {found.group(0)} in a string: only the course, a "
+                                f"lesson and the CLI may (an import by name is a back-edge the import check misses)")
+    return problems
+
+
+def test_no_tool_or_foundation_module_names_the_course_or_a_lesson_in_a_string():
+    assert string_back_edges(ROOT / "ptlab") == []
+
+
+def test_the_string_check_fails_on_a_planted_module_path(tmp_path):
+    planted = 'MOVED = {"checksum": "ptlab.lessons.ch07_ddp.rank_functions"}\nSEE = f"{1} in ptlab/course/x.py"\n'
+    for path in ("__init__.py", "__main__.py", "course/__init__.py", "lessons/ch01_tensors/pitfalls.py", "timing.py",
+                 "watch/detectors.py"):
+        file = tmp_path / "ptlab" / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(planted)
+    problems = string_back_edges(tmp_path / "ptlab")
+    # the course, a lesson and the CLI may name them; the surface, the foundation and the tools may not
+    assert sorted({p.split(" (")[0] for p in problems}) == ["ptlab", "ptlab.timing", "ptlab.watch.detectors"], problems
+    assert len(problems) == 6, problems
+    assert problems[2].startswith("ptlab.timing (line 1) names ptlab.lessons in a string: only the course"), problems
 
 
 def test_module_paths_in_strings_import():
@@ -158,7 +173,7 @@ def test_module_paths_in_strings_import():
 
 
 @pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").rglob("*.ipynb")), ids=lambda p: p.name)
-def test_notebooks_import_no_old_path_and_every_import_resolves(notebook):
+def test_every_notebook_import_resolves(notebook):
     for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
         if cell["cell_type"] != "code":
             continue
@@ -168,21 +183,7 @@ def test_notebooks_import_no_old_path_and_every_import_resolves(notebook):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ptlab"):
-                assert node.module not in SHIMS and not any(node.module.startswith(s + ".") for s in SHIMS), \
-                    f"{notebook.name} imports the old path {node.module}"
                 module = importlib.import_module(node.module)
                 missing = [a.name for a in node.names if not hasattr(module, a.name)
                            and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
                 assert not missing, f"{notebook.name}: {node.module} has no {missing}"
-
-
-def test_each_chapter_folder_holds_its_pitfalls_and_exercises():
-    from ptlab import all_pitfalls
-    from ptlab.course.exercises import all_exercises
-
-    folders = {int(p.name[2:4]): p.name for p in (ROOT / "ptlab" / "lessons").glob("ch[0-9][0-9]_*")}
-    assert sorted(folders) == list(range(1, 9))
-    for record in all_pitfalls():
-        assert record.reproduce.__module__.startswith(f"ptlab.lessons.{folders[record.chapter]}."), record.id
-    for ex in all_exercises():
-        assert ex.checker.__module__ == f"ptlab.lessons.{folders[ex.chapter]}.exercises", ex.id

@@ -21,14 +21,17 @@ def test_widget_runs_buggy_then_fixed():
 
 
 def test_widget_shows_each_check_and_plots_with_a_bare_figure():
+    import html
+
     from matplotlib.figure import Figure
 
     from ptlab.course.widgets import figures_html, prose_html
     from ptlab.plots import plot_series
 
     outcome = get_pitfall("uint8-overflow").run(buggy=True)
-    page = figures_html(outcome)
-    assert "BROKEN" in page and all(c.line().split(":")[0] in page for c in outcome.checks)
+    page = figures_html("bug on", outcome)
+    assert "BROKEN" in page and all(f"✔ bug on: {html.escape(c.line())}" in page for c in outcome.checks)
+    assert "OK" in figures_html("fixed", get_pitfall("uint8-overflow").run(buggy=False))
     assert prose_html("call `opt.zero_grad()` & go") == "call <code>opt.zero_grad()</code> &amp; go"
     fig = plot_series({"bug on": get_pitfall("missing-zero-grad").run(buggy=True)})
     assert type(fig) is Figure and fig.canvas.manager is None  # not pyplot's: the inline backend never closes it

@@ -16,10 +16,20 @@ def _skip_if_unavailable(record):
         pytest.skip(f"{record.id}: {reason}")
 
 
+_RUNS: dict[tuple[str, bool], Outcome] = {}
+
+
+def _run(record, buggy: bool) -> Outcome:
+    """The record run once each way in this test session: the three tests below judge the same two runs."""
+    if (record.id, buggy) not in _RUNS:
+        _RUNS[record.id, buggy] = record.run(buggy=buggy)
+    return _RUNS[record.id, buggy]
+
+
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_buggy_run_shows_every_check(record):
     _skip_if_unavailable(record)
-    outcome = record.run(buggy=True)
+    outcome = _run(record, buggy=True)
     failed = [c.line() for c in outcome.checks if not c.holds]
     assert outcome.broken and not failed, f"{record.id}: with the bug on these checks fail: {failed}"
 
@@ -27,7 +37,7 @@ def test_buggy_run_shows_every_check(record):
 @pytest.mark.parametrize("record", PITFALLS, ids=[p.id for p in PITFALLS])
 def test_fixed_run_shows_no_check(record):
     _skip_if_unavailable(record)
-    outcome = record.run(buggy=False)
+    outcome = _run(record, buggy=False)
     held = [c.line() for c in outcome.checks if c.holds]
     assert not outcome.broken and not held, f"{record.id}: fixed, these symptom checks still hold: {held}"
 
@@ -36,7 +46,7 @@ def test_fixed_run_shows_no_check(record):
 def test_both_runs_check_the_same_statements(record):
     """The fixed run is judged by the very checks that showed the bug."""
     _skip_if_unavailable(record)
-    buggy, fixed = record.run(buggy=True), record.run(buggy=False)
+    buggy, fixed = _run(record, buggy=True), _run(record, buggy=False)
     assert [(c.what, c.bound) for c in buggy.checks] == [(c.what, c.bound) for c in fixed.checks]
 
 
@@ -137,11 +147,12 @@ def test_compare_runs_both_ways_at_once_only_for_subprocess_reproductions(monkey
 
 
 def test_a_pitfall_that_cannot_run_here_says_why_everywhere(monkeypatch, capsys):
-    """The record's `unavailable` hook: run() raises PitfallUnavailable, compare_pitfall prints a skip line and
-    claims nothing, the command line prints it too, and the reproduction is never called."""
+    """The record's `unavailable` hook: run() raises PitfallUnavailable; compare_pitfall, the command line and the
+    widget print the one skip line (Pitfall.skipped_text) and claim nothing; the reproduction is never called."""
     from ptlab.__main__ import main
     from ptlab.course import pitfalls as registry
     from ptlab.course.pitfall_record import Pitfall, PitfallUnavailable
+    from ptlab.course.widgets import PitfallWidget
 
     def reproduce(buggy: bool) -> Outcome:
         pytest.fail("the reproduction ran")
@@ -149,13 +160,72 @@ def test_a_pitfall_that_cannot_run_here_says_why_everywhere(monkeypatch, capsys)
     record = Pitfall("needs-linux", 3, "t", "s", "w", "c", reproduce,
                      unavailable=lambda: "needs Linux; this is darwin")
     assert record.unavailable_reason() == "needs Linux; this is darwin"
+    skipped = "skipped: needs Linux; this is darwin"
+    assert record.skipped_text() == skipped
     with pytest.raises(PitfallUnavailable, match="pitfall 'needs-linux' cannot run here: needs Linux; this is darwin"):
         record.run(buggy=True)
     monkeypatch.setattr(registry, "get_pitfall", lambda _id: record)
     assert registry.compare_pitfall("needs-linux") is None
-    assert capsys.readouterr().out == "needs-linux\nskipped: needs Linux; this is darwin\n"
+    assert capsys.readouterr().out == f"needs-linux\n{skipped}\n"
     assert main(["pitfalls", "run", "needs-linux"]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == "  skipped: needs Linux; this is darwin"
+    assert capsys.readouterr().out == f"needs-linux (bug on): t\n{skipped}\n"
+    widget = PitfallWidget(record)
+    widget.run()          # outside a kernel the output area's print reaches stdout (after clear_output's "\r")
+    assert capsys.readouterr().out.split("\r")[-1] == f"{skipped}\n" and widget.last_outcome is None
+
+
+def _two_ways(fixed_still_shows: bool = False):
+    from ptlab.course.pitfall_record import Pitfall
+
+    def reproduce(buggy: bool) -> Outcome:
+        n = 3 if buggy or fixed_still_shows else 0
+        return Outcome(figures={"loss": 0.5 if buggy else 0.25, "dtype": "torch.uint8", "n": n},
+                       checks=[Check("n", n, "> 1")])
+
+    return Pitfall("two-ways", 1, "t", "s", "w", "c", reproduce)
+
+
+# compare_pitfall's format, which every notebook's stored output holds (strict nbval compares it)
+TWO_WAYS = """\
+two-ways
+         bug on        fixed
+  loss   ≈0.5          ≈0.25
+  dtype  torch.uint8   torch.uint8
+  n      3             0
+✔ bug on: n: 3 > 1
+✔ fixed: n: 0, not > 1
+"""
+
+
+def test_every_view_shows_a_run_in_compare_pitfalls_one_text(monkeypatch, capsys):
+    """compare_pitfall, `python -m ptlab pitfalls run` and the widget all show a run as run_text makes it."""
+    import html
+
+    from ptlab.__main__ import main
+    from ptlab.course import pitfalls as registry
+    from ptlab.course.pitfall_record import run_text
+    from ptlab.course.widgets import figures_html
+
+    record = _two_ways()
+    monkeypatch.setattr(registry, "get_pitfall", lambda _id: record)
+    registry.compare_pitfall("two-ways")
+    assert capsys.readouterr().out == TWO_WAYS
+    for label, flags in (("bug on", []), ("fixed", ["--fixed"])):
+        assert main(["pitfalls", "run", "two-ways", *flags]) == 0
+        one_run = run_text({label: record.run(buggy=label == "bug on")})
+        assert capsys.readouterr().out == f"two-ways ({label}): t\n{one_run}\n"
+        assert f">{html.escape(one_run)}</pre>" in figures_html(label, record.run(buggy=label == "bug on"))
+    assert one_run.splitlines()[0] == "         fixed" and one_run.splitlines()[-1] == "✔ fixed: n: 0, not > 1"
+
+
+def test_a_fixed_run_that_still_shows_a_check_is_marked_and_fails_compare_pitfall(monkeypatch, capsys):
+    from ptlab.claims import ClaimFailed
+    from ptlab.course import pitfalls as registry
+
+    monkeypatch.setattr(registry, "get_pitfall", lambda _id: _two_ways(fixed_still_shows=True))
+    with pytest.raises(ClaimFailed, match="claim does not hold on this machine: fixed: n: 3 > 1"):
+        registry.compare_pitfall("two-ways")
+    assert capsys.readouterr().out.splitlines()[-2:] == ["✔ bug on: n: 3 > 1", "✘ fixed: n: 3 > 1"]
 
 
 def test_every_pitfall_runs_on_this_course_machine_kind():

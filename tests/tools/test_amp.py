@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from ptlab.amp import format_op_table, format_speed_table, op_dtypes, running_sum, scale_history
+from ptlab.amp import format_op_table, format_speed_table, op_dtypes
 from ptlab.course.pitfalls import all_pitfalls
+from ptlab.lessons.ch06_amp.demos import running_sum, scale_history
 
 AMP_IDS = {"scaler-update-forgotten", "scaler-update-before-step", "clip-without-unscale",
            "fp16-without-scaler", "deprecated-amp-spelling", "manual-half-vs-autocast",
@@ -87,6 +88,7 @@ def test_op_dtypes_makes_every_tensor_on_the_device_asked_for_and_autocasts_ther
     assert len(mode.seen) >= 11 and set(mode.seen) == {"meta"}, f"the table's ops ran on {set(mode.seen)}"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: CUDA's autocast policy is not run")
 def test_op_dtypes_on_cuda_gives_cudas_float16_policy():
     table = {op: out for op, _, out in op_dtypes("cuda", torch.float16)}
@@ -170,7 +172,7 @@ def test_peak_fractions_divide_the_step_rate_by_its_dtype_peak():
 
 
 def test_class_subset_loaders_give_the_same_batches_on_every_call():
-    from ptlab.amp import class_subset_loaders
+    from ptlab.lessons.ch06_amp.demos import class_subset_loaders
 
     train_a, val = class_subset_loaders(("circle", "stripes"), n_train=64, batch_size=16)
     train_b, _ = class_subset_loaders(("circle", "stripes"), n_train=64, batch_size=16)

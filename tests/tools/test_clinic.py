@@ -59,7 +59,7 @@ def test_bad_ranges_are_named():
 
 
 def test_every_clinic_row_links_to_pitfalls_that_exist():
-    from ptlab.clinic import CLINIC, ClinicRow, ClinicTable, clinic_table
+    from ptlab.lessons.ch05_checkpoints_debugging.clinic_table import CLINIC, ClinicRow, ClinicTable, clinic_table
     from ptlab.course.pitfalls import all_pitfalls
 
     table = clinic_table()

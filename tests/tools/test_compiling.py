@@ -8,18 +8,17 @@ from torch import nn
 
 from ptlab.compiling import (
     CompileReport,
-    TinyTransformerBlock,
     count_compiles,
     explain_breaks,
     format_compile_table,
     fullgraph_error,
     inference_call,
-    make_mlp,
     measure_compile,
     quiet_compile_logs,
     training_step,
 )
 from ptlab.course.pitfalls import all_pitfalls
+from ptlab.lessons.ch08_compile_export.models import TinyTransformerBlock, make_mlp
 
 CH8_IDS = {"jit-trace-shape-branch", "onnx-only-batch-dynamic", "export-in-train-mode", "graph-break-item",
            "recompile-every-batch-size"}

@@ -400,21 +400,80 @@ def test_reference_accuracy_on_moves_the_images_to_the_model():
         assert accuracy_on(model, images, labels) == expected
 
 
-def test_resume_reads_the_checkpoint_onto_the_cpu(monkeypatch, tmp_path):
-    """A run written on a GPU resumes on any machine: the file is mapped to the CPU, not to where it was written."""
-    import ptlab.train as train
+def test_flop_counts_take_a_model_on_the_second_device():
+    """ptlab.amp's FLOP counters make their own probe batch: it goes where the model is."""
+    from ptlab.amp import forward_flops, training_step_flops
 
-    seen = []
+    on_cpu = (forward_flops(_model(), (6,)), training_step_flops(_model(), (6,)))
+    with SecondDevice():
+        model, seen = on_second_device(_model())
+        on_second = (forward_flops(model, (6,)), training_step_flops(model, (6,)))
+    assert on_second == on_cpu and on_cpu[0] > 0
 
-    def fake_load(path, model, *args, map_location, **kwargs):
-        seen.append(map_location)
-        raise FileNotFoundError("stop here")
 
-    monkeypatch.setattr(train, "load_checkpoint", fake_load)
-    model = _model()
-    with pytest.raises(FileNotFoundError):
-        train.resume_run(tmp_path, model, torch.optim.SGD(model.parameters(), lr=0.1))
+def test_load_checkpoint_reads_the_file_onto_the_cpu_for_a_model_on_another_device(monkeypatch, tmp_path):
+    """A run written on a GPU resumes on any machine: the file is mapped to the CPU, not to the model's device."""
+    import ptlab.checkpoint as checkpoint
+
+    seen, real_load = [], torch.load
+
+    def recording_load(*args, **kwargs):
+        seen.append(kwargs.get("map_location"))
+        return real_load(*args, **kwargs)
+
+    checkpoint.save_checkpoint(tmp_path / "ck.pt", _model(), epoch=0)
+    monkeypatch.setattr(checkpoint.torch, "load", recording_load)
+    with SecondDevice():
+        model, _ = on_second_device(_model())
+        checkpoint.load_checkpoint(tmp_path / "ck.pt", model, generators={})
     assert seen == ["cpu"]
+
+
+def test_the_reference_script_resumes_a_model_on_the_second_device(monkeypatch, tmp_path):
+    """`ptlab-train --resume` with the model on a GPU (H200, first run: it crashed in load_checkpoint, which had
+    mapped the file to the GPU, generator states included, and set_state takes only a CPU ByteTensor).
+    Here the resume and the final evaluation run with the model on the simulated second device, and end
+    with the very weights a resume on the CPU gives."""
+    import ptlab.train_script as train_script
+
+    small = ["--dry-run", "--width", "8", "--batch-size", "32"]
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PTLAB_DEVICE", "cpu")
+    weights = {}
+    for where in ("cpu", "second"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        assert train_script.main([*small, "--epochs", "1"]) == 0               # written on the CPU
+        if where == "second":
+            monkeypatch.setattr(train_script, "setup_distributed", lambda timeout_s: (0, 1, SECOND))
+            with SecondDevice():
+                assert train_script.main([*small, "--resume", "--epochs", "2"]) == 0
+        else:
+            assert train_script.main([*small, "--resume", "--epochs", "2"]) == 0
+        weights[where] = torch.load(tmp_path / where / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert weights["cpu"].keys() == weights["second"].keys()
+    assert all(torch.equal(weights["cpu"][k], weights["second"][k]) for k in weights["cpu"])
+
+
+def test_the_logged_curves_are_averaged_on_the_ranks_gpu_under_nccl(monkeypatch):
+    """The reference script's multi-GPU runs all-reduced a CPU tensor in an nccl group at their end (chapter 7's
+    review; on an H200 a one-rank nccl group refused it: "No backend type associated with device type cpu").
+    Here the group says nccl, and an all_reduce that, like nccl, refuses any tensor not on the rank's device
+    (the simulated second device stands for its GPU) sums a world of one."""
+    import ptlab.train_script as train_script
+    from ptlab.train import History
+
+    def nccl_all_reduce(tensor, *args, **kwargs):
+        if tensor.device != SECOND:
+            raise RuntimeError(f"No backend type associated with device type {tensor.device.type}")
+
+    monkeypatch.setattr(train_script.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(train_script.dist, "all_reduce", nccl_all_reduce)
+    history = History(epoch=[1, 2], train_loss=[1.5, 0.5], train_acc=[0.25, 0.75])
+    with SecondDevice():
+        train_script._average_over_ranks(history, ("train_loss", "train_acc"), 1, SECOND)
+    assert (history.train_loss, history.train_acc) == ([1.5, 0.5], [0.25, 0.75])
 
 
 def test_a_random_state_on_another_device_is_refused_by_torch():

@@ -306,6 +306,7 @@ def test_batch_mode_forks_the_rng_of_every_device_in_use(monkeypatch):
     assert seen == [[3]] and torch.equal(torch.random.get_rng_state(), before)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_rng_is_restored():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 1)).cuda().train()

@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 import rank_workers
 from notebook_rules import ROOT
 
@@ -261,3 +262,15 @@ def test_a_reader_never_sees_part_of_an_error_file_while_a_rank_writes_it(tmp_pa
     assert d._read_error(tmp_path / "rank1.error") is None
     (tmp_path / "cut.error").write_text('{"time": 1.0, "li')      # cut short: no error line, no crash
     assert d._read_error(tmp_path / "cut.error") is None
+
+
+def test_collective_device_is_the_ranks_gpu_under_nccl_and_the_cpu_under_gloo():
+    from ptlab.distributed import collective_device
+
+    assert collective_device("nccl", torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert collective_device("gloo", "cuda:0") == torch.device("cpu")
+    assert collective_device("gloo", "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="nccl reduces only tensors on the rank's GPU"):
+        collective_device("nccl", "cpu")
+    with pytest.raises(ValueError, match="backend must be 'nccl' or 'gloo', got 'mpi'"):
+        collective_device("mpi", "cpu")

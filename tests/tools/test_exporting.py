@@ -3,16 +3,13 @@ import pytest
 import torch
 from torch import nn
 
-from ptlab.compiling import TinyTransformerBlock
 from ptlab.exporting import (
     LatencyRow,
-    SoftmaxOverSequence,
     dynamic_shapes_for,
     export_onnx,
     export_program,
     format_diffs,
     format_latency_table,
-    legacy_dynamic_int8,
     max_abs_diffs,
     onnx_input_shapes,
     onnx_session,
@@ -21,6 +18,8 @@ from ptlab.exporting import (
     serialized_bytes,
     time_side_by_side,
 )
+from ptlab.lessons.ch08_compile_export.models import SoftmaxOverSequence, TinyTransformerBlock
+from ptlab.lessons.ch08_compile_export.quantization import legacy_dynamic_int8
 
 SHAPES = [(1, 5, 8), (4, 10, 8), (3, 37, 8)]
 

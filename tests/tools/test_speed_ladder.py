@@ -74,7 +74,8 @@ def test_a_training_step_updates_every_parameter_in_every_setup_without_compilin
         model = speed_ladder_module.SmallCNN(width=4)
         before = [p.detach().clone() for p in model.parameters()]
         step = _training_step(setup, lambda: model, _batches(setup, images, labels, 0), lr=1e-2)
-        assert step() == 8
+        n, load_cpu = step()
+        assert n == 8 and load_cpu >= 0
         assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
         assert model.features[0][0].weight.is_contiguous(memory_format=torch.channels_last) == setup.channels_last
 
@@ -82,10 +83,21 @@ def test_a_training_step_updates_every_parameter_in_every_setup_without_compilin
 def _ladder():
     rungs = ladder_rungs(8, 16)
     speeds = [100.0, 150.0, None, 120.0, 120.0, 240.0, 360.0]
+    loads = [2e-3, 2e-3, None, 2e-3, 2e-3, 1e-3, 1e-4]          # CPU-seconds per image to load a batch
     made = tuple(Rung(name, s, ips, skipped="" if ips else "fallback bf16 kernels here",
-                      compile_seconds=2.0 if s.compiled and ips else None)
-                 for (name, s), ips in zip(rungs, speeds))
+                      compile_seconds=2.0 if s.compiled and ips else None, load_cpu_s_per_image=load)
+                 for (name, s), ips, load in zip(rungs, speeds, loads))
     return Ladder(made, threads=1, steps=3, warmup=1)
+
+
+def test_loading_ratios_and_shares():
+    ladder = _ladder()
+    assert ladder.load_ratio("+ preloaded batches") == pytest.approx(10.0)   # 1e-3 / 1e-4 per image
+    assert ladder.load_share("+ batch 16") == pytest.approx(0.24)            # 1e-3 s of 1 / 240 s per image
+    with pytest.raises(ValueError, match="load_ratio needs a measured rung after the first"):
+        ladder.load_ratio("naive: float32, batch 8")
+    with pytest.raises(ValueError, match="was skipped"):
+        ladder.load_share("+ bf16 autocast")
 
 
 def test_ratios_skip_the_skipped_rung():
@@ -129,6 +141,7 @@ def test_a_real_climb_measures_every_rung_it_can_and_skips_bf16_where_it_is_not_
     assert (ladder["+ bf16 autocast"].skipped == "") == native
     assert all(r.setup.bf16 == (native and i >= 2) for i, r in enumerate(ladder.rungs))
     assert all(r.images_per_cpu_s > 0 for r in ladder.measured_rungs)
+    assert all(0 < r.load_cpu_s_per_image < 1 / r.images_per_cpu_s for r in ladder.measured_rungs)
     assert [r.name for r in ladder.rungs if r.compile_seconds is not None] == [
         "+ torch.compile(model)", "+ fused AdamW", "+ batch 128", "+ preloaded batches"]
     product = math.prod(ladder.ratio(r.name) for r in ladder.measured_rungs)

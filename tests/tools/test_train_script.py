@@ -75,9 +75,18 @@ def test_amp_is_chosen_by_device():
     assert amp_settings(torch.device("cpu"), True, True)[1] is torch.bfloat16
     with warnings.catch_warnings():                                # "CUDA is not available. Disabling." here
         warnings.simplefilter("ignore", UserWarning)
-        scaler, dtype, text = amp_settings(torch.device("cuda"), True, False)
+        scaler, dtype, text = amp_settings(torch.device("cuda"), True, False, cuda_bf16=False)
     assert isinstance(scaler, torch.amp.GradScaler) and dtype is torch.float16 and "GradScaler" in text
+    assert amp_settings(torch.device("cuda"), True, False, cuda_bf16=True)[:2] == (None, torch.bfloat16)
     assert amp_settings(torch.device("cuda"), False, False)[:2] == (None, None)
+
+
+def test_the_loaders_pin_memory_exactly_when_asked(tmp_path, monkeypatch):
+    """docs/decisions.md row 2: pinned batches only for a CUDA GPU (run passes device.type == "cuda")."""
+    args = build_parser().parse_args(SMALL)
+    for pin in (False, True):
+        train, val, test = train_script.make_loaders(args, 0, 1, pin_memory=pin)
+        assert train.loader.pin_memory is pin and not val.pin_memory and not test.pin_memory
 
 
 @pytest.mark.slow
@@ -247,3 +256,37 @@ def test_the_logged_train_curves_are_the_mean_over_ranks():
     run = run_ranks(rank_workers.averaged_train_curves, 2, timeout_s=120)
     assert run.ok, run.error
     assert run.results == [[1.5, 3.5, 0.5, 0.125]] * 2          # before: rank 0 logged its own [1.0, 2.0, ...]
+
+
+NCCL_AVERAGE = """
+import sys
+import torch
+import torch.distributed as dist
+from ptlab.train import History
+from ptlab.train_script import _average_over_ranks
+
+gpu = torch.device("cuda", 0)
+torch.cuda.set_device(gpu)
+dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1, device_id=gpu)
+history = History(epoch=[1, 2], train_loss=[2.0, 1.0], train_acc=[0.25, 0.5])
+_average_over_ranks(history, ("train_loss", "train_acc"), 1, gpu)
+dist.destroy_process_group()
+print(history.train_loss, history.train_acc)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nccl")
+def test_the_logged_curves_average_in_a_real_nccl_group():
+    """The curves' all-reduce at the end of a multi-GPU run, on real nccl (a one-rank group refused the CPU tensor
+    on an H200): the call with the rank's GPU."""
+    import subprocess
+    import sys
+
+    from ptlab.core import env_importing_this_ptlab
+    from ptlab.distributed import free_port
+
+    done = subprocess.run([sys.executable, "-c", NCCL_AVERAGE, str(free_port())], capture_output=True, text=True,
+                          timeout=120, env=env_importing_this_ptlab())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[2.0, 1.0] [0.25, 0.5]"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ptlab.__main__ import main as cli
 from ptlab.course.pitfalls import all_pitfalls, get_pitfall
-from ptlab.watch import DETECTS, measure_overhead, watch
+from ptlab.watch import DETECTS, detectors, measure_overhead, watch
+from ptlab.watch.watcher import EVERY_DETECTOR
 
 BUGGY_SCRIPT = Path(__file__).resolve().parents[2] / "ptlab/lessons/ch05_checkpoints_debugging/buggy_training.py"
 
@@ -24,6 +26,20 @@ def test_every_detected_pitfall_is_registered():
     known = {p.id for p in all_pitfalls()}
     assert set(DETECTS) <= known, sorted(set(DETECTS) - known)
     assert len(DETECTS) >= 15
+
+
+def test_each_detector_declares_its_pitfall_ids_once():
+    """A detector's ids are registered ones; each is typed once in the watch's source, in its detector's Sign."""
+    assert set(detectors.Detector.__subclasses__()) == set(EVERY_DETECTOR), "a detector the watch never installs"
+    declared = [sign.pitfall for detector in EVERY_DETECTOR for sign in detector.signs()]
+    assert all(detector.signs() for detector in EVERY_DETECTOR)
+    assert len(declared) == len(set(declared)) and set(declared) == set(DETECTS)
+    known = {p.id for p in all_pitfalls()}
+    assert set(declared) <= known, sorted(set(declared) - known)
+    package = Path(detectors.__file__).parent
+    source = "\n".join(path.read_text(encoding="utf-8") for path in sorted(package.glob("*.py")))
+    typed = {pid: n for pid in known if (n := len(re.findall(rf"(?<![\w-]){re.escape(pid)}(?![\w-])", source)))}
+    assert typed == dict.fromkeys(declared, 1)
 
 
 IN_RANK = {"ddp-sampler-without-set-epoch"}   # the harness starts rank processes, which the watch cannot see

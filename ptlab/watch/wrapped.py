@@ -7,11 +7,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._watch_detectors import Detector, Finding
+from .detectors import Detector, Sign
+from .report import WatchFinding
 
 
 class Amp(Detector):
-    """fp16-without-scaler, clip-without-unscale, scaler-update-forgotten, scaler-update-before-step."""
+    """Mixed precision: float16 autocast without a GradScaler, and the scaler's calls in the wrong order."""
+
+    NO_SCALER = Sign("fp16-without-scaler", "backward on a float16-autocast loss no enabled GradScaler scaled")
+    CLIP_SCALED = Sign("clip-without-unscale", "clip_grad_norm_ on gradients still scaled by a GradScaler")
+    UPDATE_FORGOTTEN = Sign("scaler-update-forgotten", "GradScaler.step twice with no update between")
+    UPDATE_FIRST = Sign("scaler-update-before-step", "GradScaler.update with no step before it")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -19,7 +25,7 @@ class Amp(Detector):
         self.scaled: dict[int, weakref.ref] = {}
         self.pending_scaler = None        # a scaler whose scaled gradients were not unscaled yet
         self.stepped: dict[tuple[int, int], bool] = {}   # (scaler, optimizer): stepped since the last update
-        self.found: dict[str, Finding] = {}
+        self.found: dict[str, WatchFinding] = {}
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if root and self.fp16_forward is None and torch.is_grad_enabled():   # an evaluation pass trains nothing
@@ -39,21 +45,21 @@ class Amp(Detector):
         scaled = ref is not None and ref() is tensor
         if scaled:
             self.pending_scaler = self.watch.last_scaler
-        elif self.fp16_forward is not None and "fp16-without-scaler" not in self.found:
+        elif self.fp16_forward is not None and self.NO_SCALER.pitfall not in self.found:
             module, step = self.fp16_forward
-            self.found["fp16-without-scaler"] = Finding(
-                "fp16-without-scaler",
+            self.found[self.NO_SCALER.pitfall] = WatchFinding(
+                self.NO_SCALER.pitfall,
                 f"backward at step {step} ran on a loss computed under float16 autocast ({module}) that no enabled "
                 f"GradScaler had scaled: gradients below float16's smallest value (6e-8) become 0",
                 {"module": module, "step": step, "autocast dtype": "float16"}, self.watch.where())
         self.fp16_forward = None
 
     def clip(self, norm: Any) -> None:
-        if self.pending_scaler is not None and "clip-without-unscale" not in self.found:
+        if self.pending_scaler is not None and self.CLIP_SCALED.pitfall not in self.found:
             scale = self.pending_scaler.get_scale()
             seen = float(norm)
-            self.found["clip-without-unscale"] = Finding(
-                "clip-without-unscale",
+            self.found[self.CLIP_SCALED.pitfall] = WatchFinding(
+                self.CLIP_SCALED.pitfall,
                 f"clip_grad_norm_ at step {self.watch.step + 1} clipped gradients still multiplied by the "
                 f"GradScaler's scale ({scale:g}): it saw a norm of {seen:.4g}, the true one is about "
                 f"{seen / scale:.4g}; call scaler.unscale_(optimizer) first",
@@ -65,35 +71,38 @@ class Amp(Detector):
     def scaler_step(self, scaler, optimizer=None) -> None:
         self.pending_scaler = None
         key = (id(scaler), id(optimizer))        # one scaler may step several optimizers before one update()
-        if self.stepped.get(key) and "scaler-update-forgotten" not in self.found:
-            self.found["scaler-update-forgotten"] = Finding(
-                "scaler-update-forgotten",
+        if self.stepped.get(key) and self.UPDATE_FORGOTTEN.pitfall not in self.found:
+            self.found[self.UPDATE_FORGOTTEN.pitfall] = WatchFinding(
+                self.UPDATE_FORGOTTEN.pitfall,
                 f"scaler.step() was called again at step {self.watch.step + 1} with no scaler.update() since the "
                 f"last one on the same optimizer", {"step": self.watch.step + 1}, self.watch.where())
         self.stepped[key] = True
 
     def scaler_update(self, scaler) -> None:
         stepped = any(v for (s, _), v in self.stepped.items() if s == id(scaler))
-        if not stepped and scaler.is_enabled() and "scaler-update-before-step" not in self.found:
-            self.found["scaler-update-before-step"] = Finding(
-                "scaler-update-before-step",
+        if not stepped and scaler.is_enabled() and self.UPDATE_FIRST.pitfall not in self.found:
+            self.found[self.UPDATE_FIRST.pitfall] = WatchFinding(
+                self.UPDATE_FIRST.pitfall,
                 f"scaler.update() was called with no scaler.step() before it (after step {self.watch.step})",
                 {"step": self.watch.step}, self.watch.where())
         for key in self.stepped:
             if key[0] == id(scaler):
                 self.stepped[key] = False
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return list(self.found.values())
 
 
 class Samplers(Detector):
-    """ddp-sampler-without-set-epoch: a shuffling DistributedSampler iterated twice with the same epoch."""
+    """No set_epoch: a shuffling DistributedSampler iterated twice with the same epoch."""
+
+    SAME_EPOCH = Sign("ddp-sampler-without-set-epoch",
+                      "a shuffling DistributedSampler iterated again with the same epoch")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.epochs: dict[int, list[int]] = {}
-        self.found: Finding | None = None
+        self.found: WatchFinding | None = None
 
     def loader_iter(self, loader) -> None:
         from torch.utils.data.distributed import DistributedSampler
@@ -102,12 +111,12 @@ class Samplers(Detector):
         if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
             seen = self.epochs.setdefault(id(sampler), [])
             if seen.count(sampler.epoch) >= 2:     # a third pass with one epoch: a peek plus one epoch is only 2
-                self.found = Finding(
-                    "ddp-sampler-without-set-epoch",
+                self.found = WatchFinding(
+                    self.SAME_EPOCH.pitfall,
                     f"a DataLoader with a shuffling DistributedSampler was iterated {len(seen) + 1} times, again "
                     f"with epoch {sampler.epoch}: every epoch gets the same order (call sampler.set_epoch(epoch))",
                     {"iterations": len(seen) + 1, "epoch": sampler.epoch}, self.watch.where())
             seen.append(sampler.epoch)
 
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[WatchFinding]:
         return [self.found] if self.found else []

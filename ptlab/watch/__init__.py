@@ -1,0 +1,158 @@
+"""Watch a training run, unchanged, and name the course's pitfalls whose signs it saw, with what was measured and where.
+
+    with ptlab.watch.watch(steps=200) as report:
+        train()                       # your own loop
+    print(report)
+
+or, from a shell: `python -m ptlab watch train.py --lr 0.1 --steps 200 --json findings.json`.
+
+The watch installs global instrumentation for the duration of the block: module forward (pre-)hooks, optimizer
+step pre/post hooks, a TorchFunctionMode that sees calls such as F.cross_entropy, and thin wrappers around
+GradScaler, clip_grad_norm_ and DataLoader.__iter__. It only observes: it draws no random numbers, edits no
+tensor in place, and removes every hook and wrapper when the block ends. (While it is on, nn.Transformer layers
+in eval mode leave their fused fast path, which global hooks disable, so their outputs can differ in the last
+bits.) A finding is a lead to check with its `pitfalls run` demo, not a verdict: correct code can show a sign.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..models import SmallCNN
+from ..timing import compare
+from .report import Report, WatchFinding
+from .watcher import EVERY_DETECTOR, Watcher
+
+__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "main", "measure_overhead", "overhead_line"]
+
+# Which registered pitfall each detector observes, and the sign it looks for: declared once, by the detector (the
+# registry test runs every one of them both ways).
+DETECTS: dict[str, str] = {sign.pitfall: sign.sign for detector in EVERY_DETECTOR for sign in detector.signs()}
+
+
+@contextmanager
+def watch(steps: int = 200) -> Iterator[Report]:
+    """Observe the block's first `steps` optimizer steps; the yielded Report is filled in when the block ends."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    report = Report()
+    watcher = Watcher(steps)
+    watcher.install()
+    try:
+        yield report
+    finally:
+        watcher.remove()
+        report.steps_observed = watcher.step
+        report.findings = watcher.findings()
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the watch's own options, [SCRIPT, *its args]); --steps/--json are the watch's unless after `--`."""
+    own, script = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" and script:
+            script += argv[i + 1:]
+            break
+        if arg in ("--steps", "--json") and i + 1 < len(argv):
+            own += argv[i:i + 2]
+            i += 2
+            continue
+        if arg.startswith(("--steps=", "--json=")) or (not script and arg in ("-h", "--help")):
+            own.append(arg)
+        else:
+            script.append(arg)
+        i += 1
+    return own, script
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ptlab watch SCRIPT [ARGS...] [--steps N] [--json PATH]`: 0 nothing found, 1 found, 2 script failed."""
+    own, script = _split_argv(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m ptlab watch", description=__doc__.splitlines()[0],
+                                     usage="python -m ptlab watch SCRIPT [SCRIPT_ARGS...] [--steps N] [--json PATH]",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     epilog="--steps and --json are the watch's wherever they stand; a script's own "
+                                            "options of those names go after `--`. Exit status: 0 nothing found, "
+                                            "1 a pitfall found, 2 the script failed.")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps to observe")
+    parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON to PATH")
+    args = parser.parse_args(own)
+    if not script:
+        parser.error("give the training script to run: python -m ptlab watch SCRIPT [SCRIPT_ARGS...]")
+    path = Path(script[0])
+    if not path.is_file():
+        parser.error(f"SCRIPT {str(path)!r} is not a file")
+    report = run_script(path, script[1:], steps=args.steps)
+    print(report, file=sys.stderr if report.script_failed else sys.stdout)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n", encoding="utf-8")
+    return 2 if report.script_failed else (1 if report.findings else 0)
+
+
+def run_script(path: Path, script_args: list[str], steps: int = 200) -> Report:
+    """Run a script as __main__ with sys.argv set, under the watch; a failure's traceback is printed."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *script_args]
+    sys.path.insert(0, str(path.resolve().parent))
+    failed = False
+    try:
+        with watch(steps=steps) as report:
+            try:
+                runpy.run_path(str(path), run_name="__main__")
+            except SystemExit as exit_:
+                failed = exit_.code not in (None, 0)
+            except BaseException:       # the script's own failure: show it, then the report
+                failed = True
+                traceback.print_exc()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    report.script_failed = failed
+    return report
+
+
+def measure_overhead(steps: int = 20, batch_size: int = 64, repeats: int = 5) -> dict[str, float]:
+    """Chapter 4's SmallCNN training step with and without the watch, side by side: seconds per step and the ratio."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(batch_size, 3, 32, 32, generator=generator)
+    y = torch.randint(0, 10, (batch_size,), generator=generator)
+    model = SmallCNN(width=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train_steps() -> None:
+        for _ in range(steps):
+            loss = nn.functional.cross_entropy(model(X), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def watched() -> None:
+        with watch(steps=10 * steps):
+            train_steps()
+
+    result = compare(train_steps, watched, warmup=1, repeats=repeats, names=("plain", "watched"))
+    plain, with_watch = result.a.median / steps, result.b.median / steps
+    return {"plain s/step": plain, "watched s/step": with_watch, "overhead": with_watch / plain - 1}
+
+
+OVERHEAD_BUDGET = 0.25
+
+
+def overhead_line() -> tuple[str, bool]:
+    """make bench's line: the watch's overhead on chapter 4's SmallCNN step, and whether it is within budget."""
+    figures = measure_overhead()
+    within = figures["overhead"] <= OVERHEAD_BUDGET
+    return (f"ptlab watch on a SmallCNN training step (batch 64): {figures['plain s/step'] * 1e3:.1f} ms plain, "
+            f"{figures['watched s/step'] * 1e3:.1f} ms watched, overhead {figures['overhead']:+.0%} "
+            f"(budget {OVERHEAD_BUDGET:.0%})"), within
+
