@@ -61,7 +61,9 @@ def replay_with_join(lr: float = 0.1) -> torch.Tensor:
     an IterableDataset or a custom sampler may not). Where counts can differ, wrap the loop in
     `with Join([model]):` (torch.distributed.algorithms.join). A decision made on one rank's numbers (stop
     early, skip a batch whose loss is not finite, a time budget) must be made together: all_reduce the flag
-    (MIN or MAX) so every rank takes the same branch.""",
+    (MIN or MAX) so every rank takes the same branch. Join answers only DDP's own collectives: a loop that runs
+    others (a metric, that stop vote, SyncBatchNorm) aborts or hangs under Join; there pass
+    `throw_on_early_termination=True` and handle the error, as DDP.join's documentation says.""",
 )
 def uneven_inputs(buggy: bool, in_rank: bool = False):
     if in_rank:                                            # what each of the 2 ranks runs

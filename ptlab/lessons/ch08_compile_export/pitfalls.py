@@ -189,9 +189,9 @@ def relu_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     `torch._dynamo.mark_dynamic` still becomes one). By default (`dynamic=None`) Dynamo makes
     a dim symbolic after it changes once, so it costs 2 compiles, not 1. The time in the table is tracing
     with a counting backend (no Inductor): with Inductor every graph also costs a C++ build.""",
-    catch="""Mark the varying dims dynamic (`dynamic=True`, or `torch._dynamo.mark_dynamic(x, 0)`), or keep
-    batch sizes fixed (`drop_last=True`, padding); a batch of 1 gets a graph of its own even then, since Dynamo
-    specialises dims of size 0 and 1. `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
+    catch="""Mark the varying dims dynamic (`dynamic=True`, or `torch._dynamo.mark_dynamic(x, 0)`), though a batch
+    of 1 still gets a graph of its own, since Dynamo specialises dims of size 0 and 1; or keep batch sizes
+    fixed (`drop_last=True`, padding). `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
 )
 def recompile_every_batch_size(buggy: bool) -> Outcome:
     generator = torch.Generator().manual_seed(0)
