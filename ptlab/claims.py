@@ -2,7 +2,8 @@
 
 Two kinds of numbers reach a notebook's output:
 
-- exact facts (shapes, dtypes, counts, error messages), the same on every machine: printed as they are;
+- exact facts (shapes, dtypes, counts, error messages), the same on every machine the course makes its outputs
+  on, the CPU (an error message can read differently on another device): printed as they are;
 - measured figures (losses, accuracies, times, ratios), whose digits depend on the CPU's SIMD width,
   the thread count and the device: printed through `measured()`, which marks them with '≈'.
   The sanitize file that strict nbval uses masks those, plus memory addresses and progress bars, and nothing else.
@@ -25,7 +26,8 @@ class ClaimFailed(AssertionError):
 
 
 def measured(value: float | int, digits: int = 4) -> str:
-    """A machine-dependent figure as text: '≈' and `digits` significant digits (masked by nbval)."""
+    """A machine-dependent figure as text: '≈' and `digits` significant digits, or from 1e4 to 1e15 the rounded
+    integer with thousands separators (masked by nbval)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"measured() takes a number, got {type(value).__name__} (call .item() on a tensor)")
     value = float(value)
