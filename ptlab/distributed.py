@@ -59,10 +59,11 @@ def default_start_method(platform: str | None = None) -> str:
 
 
 def collective_device(backend: str, device: torch.device | str) -> torch.device:
-    """Where a collective's tensors must live: on the rank's own device under nccl, on the CPU under gloo.
+    """Where to put a collective's tensors: on the rank's own GPU under nccl, on the CPU under gloo.
 
     nccl reduces GPU memory only: a CPU tensor fails with "No backend type associated with device type
-    cpu". gloo takes CPU tensors on every machine. `device` is the one this rank trains on.
+    cpu". gloo takes CPU tensors on every machine (and CUDA tensors too; the CPU is where gloo ranks train
+    here). `device` is the one this rank trains on.
     """
     device = torch.device(device)
     if backend == "nccl":

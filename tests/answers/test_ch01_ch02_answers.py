@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from ptlab.course.exercises import all_exercises, check
+from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.lessons.ch02_autograd.exercises import _penalty_model, _clipping_problem
 
 
 def test_every_exercise_says_not_attempted_on_the_stub(capsys):
@@ -101,6 +103,26 @@ def _good_step(model, opt, X, y, max_norm):
     return norm
 
 
+def weight_penalty(model):
+    return sum(p.pow(2).sum() for p in model.parameters())
+
+
+def _clipping_figures():
+    model, opt, X, y = _clipping_problem()
+    norms, weights = [], []
+    for _ in range(3):
+        norms.append(_good_step(model, opt, X, y, 1.0).item())
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+    return {"norms before clipping": norms, "weights after each step": weights}
+
+
+FIGURES = {   # how each stored figure is made (tests/answers/test_stored_figures.py)
+    "ch2-why-no-training": lambda: {"layer": answer_digest("gate")},
+    "ch2-penalty-in-graph": lambda: {"penalty": weight_penalty(_penalty_model()).item()},
+    "ch2-clipped-step": _clipping_figures,
+}
+
+
 def test_chapter_2_answers(capsys):
     assert check("ch2-why-no-training", ("gate", torch.sigmoid)) == "correct"
     assert check("ch2-why-no-training", ("gate", lambda logits: (logits.clamp(-1, 1) + 1) / 2)) == "correct"
@@ -119,7 +141,7 @@ def test_chapter_2_answers(capsys):
         assert check("ch2-why-no-training", ("gate", gate)) == "wrong", name
     out = capsys.readouterr().out
     assert "no gradient reaches the logits" in out and "0 everywhere" in out and "from 0 (shut) to 1 (open)" in out
-    assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum() for p in m.parameters())) == "correct"
+    assert check("ch2-penalty-in-graph", weight_penalty) == "correct"
     capsys.readouterr()
     assert check("ch2-penalty-in-graph", lambda m: torch.tensor(1.0)) == "wrong"
     out = capsys.readouterr().out
@@ -128,6 +150,31 @@ def test_chapter_2_answers(capsys):
     assert check("ch2-clipped-step", lambda *a: _good_step(*a).item()) == "correct"
     assert check("ch2-clipped-step", _good_step) == "wrong"             # a tensor where the task says a float
     assert "Python float" in capsys.readouterr().out
+
+
+def test_clipped_step_mistakes_get_their_hints(capsys):
+    def no_zero_grad(model, opt, X, y, max_norm):
+        nn.functional.mse_loss(model(X), y).backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        return norm.item()
+
+    def clip_after_step(model, opt, X, y, max_norm):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        opt.step()
+        return nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+
+    def norm_after_clipping(model, opt, X, y, max_norm):
+        _good_step(model, opt, X, y, max_norm)
+        return min(max_norm, torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+
+    assert check("ch2-clipped-step", no_zero_grad) == "wrong"
+    assert "do gradients pile up" in capsys.readouterr().out
+    assert check("ch2-clipped-step", clip_after_step) == "wrong"
+    assert "clip after backward() and before opt.step()" in capsys.readouterr().out
+    assert check("ch2-clipped-step", norm_after_clipping) == "wrong"
+    assert "you returned the norm after clipping" in capsys.readouterr().out
 
 
 def test_no_hint_contains_an_answer():

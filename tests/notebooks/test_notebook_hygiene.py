@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_rules import ROOT, problems
+from notebook_rules import ROOT, gpu_branch_problem, problems
 
 from ptlab.course.exercises import all_exercises
 from ptlab.course.nbrun import KERNEL_ENV, checked_fraction, notebook_paths
@@ -158,6 +158,20 @@ def test_the_rules_catch_each_defect():
         new_code_cell("if device.type == 'cuda':\n    print(1)", execution_count=8, metadata={"tags": [
             "nbval-ignore-output"]}, outputs=[new_output("stream", name="stdout", text="1\n")]),
     ]
+    ignored = {"tags": ["nbval-ignore-output"]}
+    gpu_cells = [  # (source, tagged, expected problem or None)
+        ("if not torch.cuda.is_available():\n    print('skipped')\nelse:\n    claim('x', True)", True, None),
+        ("if not torch.cuda.is_available():\n    claim('x', True)\nelse:\n    print(1)", True, "asserts no claim"),
+        ("if device.type != 'cuda':\n    print('skipped')\nelse:\n    print(1)", True, "asserts no claim"),
+        ("if 'cuda' == device.type:\n    print(1)", False, "not tagged"),
+        ("if torch.cuda.device_count() > 0:\n    print(1)", False, "not tagged"),
+        ("has_gpu = torch.cuda.is_available()\nif has_gpu:\n    print(1)", False, "not tagged"),
+        ("if device.type in ('cuda', 'mps'):\n    print(1)", False, "not tagged"),
+        ("print(torch.cuda.is_available())", False, None),
+    ]
+    for source, tagged, expected in gpu_cells:
+        problem = gpu_branch_problem(new_code_cell(source, metadata=ignored if tagged else {}))
+        assert (problem is None) if expected is None else (expected in (problem or "")), (source, problem)
     found = "\n".join(problems(nb))
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
                      "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag",

@@ -183,11 +183,13 @@ def relu_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     why="""Dynamo specialises a graph to the input shapes it saw and guards on them; a new batch size fails the
     guard and compiles again. It keeps at most `recompile_limit` (8) graphs per function; past that it logs
     a warning ('torch._dynamo hit config.recompile_limit (8)') and runs inputs that no kept graph accepts
-    in eager mode. `dynamic=False` forbids a symbolic batch size. By default (`dynamic=None`) Dynamo makes
+    in eager mode. `dynamic=False` makes no dim symbolic on its own (a dim marked with
+    `torch._dynamo.mark_dynamic` still becomes one). By default (`dynamic=None`) Dynamo makes
     a dim symbolic after it changes once, so it costs 2 compiles, not 1. The time in the table is tracing
     with a counting backend (no Inductor): with Inductor every graph also costs a C++ build.""",
     catch="""Mark the varying dims dynamic (`dynamic=True`, or `torch._dynamo.mark_dynamic(x, 0)`), or keep
-    batch sizes fixed (`drop_last=True`, padding). `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
+    batch sizes fixed (`drop_last=True`, padding); a batch of 1 gets a graph of its own even then, since Dynamo
+    specialises dims of size 0 and 1. `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
 )
 def recompile_every_batch_size(buggy: bool) -> Outcome:
     generator = torch.Generator().manual_seed(0)
@@ -223,7 +225,8 @@ def _plain_classifier() -> nn.Sequential:
     differ, which is enough for a strict `load_state_dict` on a plain model to refuse the file, and for
     `strict=False` to load none of it.""",
     catch="""Save the model you compiled, not the wrapper: `model.state_dict()` (keep a reference to it) or
-    `compiled._orig_mod.state_dict()`. For files already saved,
+    `compiled._orig_mod.state_dict()`; or compile in place with `model.compile()`, which adds no wrapper and no
+    prefix. For files already saved,
     `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "_orig_mod.")` strips the prefix.
     Keep `strict=True`, so a mismatch raises instead of loading nothing.""",
 )
