@@ -172,7 +172,8 @@ def inplace_alias(buggy: bool) -> Outcome:
     except for a single column (`C == 1`): `(N, 1) / (N,)` silently gives an `(N, N)` matrix. So the bug
     survives tests on square or one-column toy inputs and strikes in production, or the reverse.""",
     catch="""Keep the reduced dim as size 1 in any reduction you broadcast back (the reductions take an
-    argument for that), or use `torch.nn.functional.normalize(x, p=1, dim=1)` (for non-negative x), whose `dim` is explicit;
+    argument for that), or use `torch.nn.functional.normalize(x, p=1, dim=1)` (for non-negative x), whose
+    `dim` is explicit;
     assert the output's shape and the invariant (rows sum to 1) in a test, on an input with several rows
     and a different number of columns.""",
 )
@@ -239,7 +240,8 @@ def normalize_channel_mean_broadcast(buggy: bool) -> Outcome:
     symptom="reshaping a 32 x 32 RGB image from (H, W, C) to (C, H, W) leaves all 1,024 of its pixels "
             "with channel values that are not their own",
     why="""`reshape` and `view` keep the elements in row-major order (the order a contiguous tensor stores
-    them in) and only cut that sequence into a new shape. An `(H, W, C)` image stores R, G, B of pixel (0, 0), then of pixel (0, 1), and so on;
+    them in) and only cut that sequence into a new shape. An `(H, W, C)` image stores R, G, B of pixel (0, 0),
+    then of pixel (0, 1), and so on;
     cut into `(C, H, W)`, "channel 0" is the first third of that sequence: the R, G, B values of the first
     third of the pixels. The shape is right, so nothing downstream complains. `permute(2, 0, 1)` renumbers
     the axes instead (a view with new strides), so element `[c, h, w]` is the old `[h, w, c]`.""",

@@ -20,7 +20,7 @@ def grad_norm(model: nn.Module) -> float:
 
 def max_change(before: list[torch.Tensor], layers: list[nn.Module]) -> float:
     """Largest absolute change of any weight in layers since the snapshot."""
-    return max((b - p.detach()).abs().max().item() for b, p in zip(before, (l.weight for l in layers)))
+    return max((b - p.detach()).abs().max().item() for b, p in zip(before, (layer.weight for layer in layers)))
 
 
 def graph_nodes(t: torch.Tensor) -> int:

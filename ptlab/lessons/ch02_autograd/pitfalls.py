@@ -234,7 +234,8 @@ def running_loss_keeps_graph(buggy: bool) -> Outcome:
 
 @pitfall(
     id="cast-after-requires-grad", chapter=2,
-    title="A weight cast or moved after requires_grad=True is not a leaf: it gets no .grad, and the optimizer refuses it",
+    title="A weight cast or moved after requires_grad=True is not a leaf: it gets no .grad, "
+          "and the optimizer refuses it",
     symptom="w = torch.zeros(4, 1, requires_grad=True).to(torch.float64) is not a leaf: after backward its .grad is "
             "None, and torch.optim.SGD([w]) raises ValueError: can't optimize a non-leaf Tensor",
     why="""`requires_grad=True` makes a leaf: a tensor autograd fills `.grad` for. `.to(torch.float64)` (or
@@ -300,8 +301,9 @@ def cast_after_requires_grad(buggy: bool) -> Outcome:
     gradient), so step 3 raises.""",
     catch="""Detach the carried state at the step boundary (`h = h.detach()`): the value carries over, the
     graph does not (truncated backpropagation through time; to backpropagate through k steps, call
-    backward and detach every k steps). Read `retain_graph=True` in a training loop as a sign of this bug. Cost per step that grows with the
-    step number, or a graph (count the nodes behind `loss.grad_fn`) that grows, points here.""",
+    backward and detach every k steps). Read `retain_graph=True` in a training loop as a sign of this bug.
+    Cost per step that grows with the step number, or a graph (count the nodes behind `loss.grad_fn`) that
+    grows, points here.""",
 )
 def carried_state_keeps_graph(buggy: bool) -> Outcome:
     xs = torch.randn(20, 4, 8, generator=torch.Generator().manual_seed(0))  # 20 steps of (B, 8) inputs
