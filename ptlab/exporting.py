@@ -122,7 +122,8 @@ class LatencyRow:
     seconds: float
 
 
-def time_side_by_side(calls: dict[str, Callable[[], object]], *, repeats: int = 15, warmup: int = 3) -> list[LatencyRow]:
+def time_side_by_side(calls: dict[str, Callable[[], object]], *, repeats: int = 15,
+                      warmup: int = 3) -> list[LatencyRow]:
     """Median time per call of each callable, the callables interleaved round by round."""
     import statistics
     import time

@@ -103,7 +103,8 @@ def test_every_exercise_is_posed_and_solved(chapter):
         solved = _code(solution_path)
         for ex in posed_here:
             pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
-            assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
+            assert re.search(pattern, solved), (f"{solution_path.name} does not solve {ex.id} "
+                                                f"(assert check(...) == \"correct\")")
 
 
 def _run_nbval(tmp_path, cells, extra_files=None):
@@ -116,7 +117,8 @@ def _run_nbval(tmp_path, cells, extra_files=None):
     for name, text in (extra_files or {}).items():
         (tmp_path / name).write_text(textwrap.dedent(text))
     env = {**__import__("os").environ, **KERNEL_ENV}
-    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q",
+                           "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "probe.ipynb")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 

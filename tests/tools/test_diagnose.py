@@ -154,7 +154,8 @@ def test_loss_mode_uses_the_graph_and_leaves_grad_alone():
     healthy = TwoStage()
     loss = nn.functional.mse_loss(healthy(X), Y)
     loss.backward(retain_graph=True)
-    assert diagnose_gradients(healthy, loss=loss).stale == ["encoder.weight", "encoder.bias", "head.weight", "head.bias"]
+    assert diagnose_gradients(healthy, loss=loss).stale == ["encoder.weight", "encoder.bias", "head.weight",
+                                                            "head.bias"]
 
 
 def test_batch_mode_restores_buffers_and_works_under_no_grad():

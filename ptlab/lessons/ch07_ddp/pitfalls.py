@@ -112,7 +112,7 @@ def saved_wrapper_state_dict(buggy: bool, in_rank: bool = False, folder: str = "
     try:
         _mlp().load_state_dict(state)
         error = "none"
-    except RuntimeError as err:                            # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
+    except RuntimeError as err:  # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
         error = next(line for line in str(err).splitlines() if "Unexpected" in line).strip().split(",")[0] + ", ..."
     prefixed = sum(key.startswith("module.") for key in state)
     return Outcome(

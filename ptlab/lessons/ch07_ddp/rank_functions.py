@@ -250,7 +250,8 @@ def seeded_ranks(seed: int = 0) -> dict[str, Any]:
 
 def late_rank(late_rank: int = 1, barrier_timeout_s: float = 1.0) -> tuple[str, float]:
     """Every rank but `late_rank` enters monitored_barrier with `barrier_timeout_s`; `late_rank` sleeps twice
-    that and never enters the barrier. Returns (the first line of the barrier's error, or a note; the seconds this rank waited)."""
+    that and never enters the barrier. Returns (the first line of the barrier's error, or a note; the seconds
+    this rank waited)."""
     import datetime
     import time
 

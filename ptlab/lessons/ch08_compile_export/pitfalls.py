@@ -42,7 +42,8 @@ class Excerpt(str):
     why="""`trace` runs the model on the example and records the tensor ops that ran. `x.shape[0] > 16` was
     False for the example batch, so only that branch is in the trace; at batch 32 it still runs it. The
     only sign comes at trace time: a TracerWarning for each run of the model that trace makes (the trace
-    itself and its check run, so 2 here); nothing is raised or warned when the traced model runs (the table counts both). TorchScript itself
+    itself and its check run, so 2 here); nothing is raised or warned when the traced model runs \
+(the table counts both). TorchScript itself
     is deprecated in this torch version.""",
     catch="""Use torch.compile (it guards on the shape and re-traces when the branch flips) or torch.export
     (it refuses or asks for a constraint). Compare outputs with eager at several batch sizes, and turn
@@ -168,7 +169,8 @@ def graph_break_item(buggy: bool) -> Outcome:
                  "fullgraph=True raises": fullgraph_error(forward, x) or "nothing"},
         checks=[Check("graph breaks", breaks.break_count, "== 1"),
                 Check("graphs compiled", breaks.graph_count, "== 2"),
-                Check("first break reason", breaks.reasons[0] if breaks.reasons else "none", "contains 'Tensor.item()'")],
+                Check("first break reason", breaks.reasons[0] if breaks.reasons else "none",
+                      "contains 'Tensor.item()'")],
     )
 
 
