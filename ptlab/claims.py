@@ -128,7 +128,8 @@ class Check:
         return bool(_COMPARISONS[m["op"]](value, rhs))
 
     def line(self) -> str:
-        """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5', "what: ok, which does not contain 'x'"."""
+        """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5',
+        "what: ok, which does not contain 'x'"."""
         shown = f"{self.what}: {show(self.value)}"
         if self.bound.startswith("is "):
             return shown  # the value itself says True or False
@@ -152,7 +153,8 @@ def claim(statement: str, holds: bool, evidence: str = "") -> None:
         try:
             holds = bool(holds)
         except Exception as exc:  # a multi-element tensor, say
-            raise TypeError(f"claim({statement!r}): 'holds' must be a single truth value, got {type(holds).__name__}") from exc
+            raise TypeError(f"claim({statement!r}): 'holds' must be a single truth value, "
+                            f"got {type(holds).__name__}") from exc
     suffix = f"  [{evidence}]" if evidence else ""
     if not holds:
         raise ClaimFailed(f"claim does not hold on this machine: {statement}{suffix}")

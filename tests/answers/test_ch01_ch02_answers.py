@@ -180,7 +180,8 @@ def test_clipped_step_mistakes_get_their_hints(capsys):
 def test_no_hint_contains_an_answer():
     """Hints lead to the idea; none holds the code or the value that solves its exercise."""
     answers = {"ch1-broadcast-shape": ["(6, 5, 3)", "(7, 7)"], "ch1-safe-contrast": ["clamp(0, 255)", ".float()"],
-               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
+               "ch1-normalize-rows": ["keepdim=True"],
+               "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
                "ch2-penalty-in-graph": ["pow(2)", "p.pow", "** 2"], "ch2-clipped-step": ["clip_grad_norm_", ".item()"],
                "ch4-overfit-cause": ["requires_grad", "first key", "causes is a dict"]}
     for ex in all_exercises():
