@@ -180,7 +180,8 @@ def test_clipped_step_mistakes_get_their_hints(capsys):
 def test_no_hint_contains_an_answer():
     """Hints lead to the idea; none holds the code or the value that solves its exercise."""
     answers = {"ch1-broadcast-shape": ["(6, 5, 3)", "(7, 7)"], "ch1-safe-contrast": ["clamp(0, 255)", ".float()"],
-               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
+               "ch1-normalize-rows": ["keepdim=True"],
+               "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
                "ch2-penalty-in-graph": ["pow(2)", "p.pow", "** 2"], "ch2-clipped-step": ["clip_grad_norm_", ".item()"],
                "ch4-overfit-cause": ["requires_grad", "first key", "causes is a dict"]}
     for ex in all_exercises():
@@ -200,3 +201,36 @@ def test_chapter_1_widget_texts_hold_no_exercise_answer():
 def test_unknown_exercise():
     with pytest.raises(KeyError, match="no exercise"):
         check("ch9-nothing", 1)
+
+
+def test_penalty_feedback_names_each_mistake_and_gives_its_hint(capsys):
+    """Exercise 2.2, the wrong answers of the first-day walkthrough (learner-ch1-ch2-ch4.md) and two more."""
+    def new_leaf(model):                      # the value rebuilt as a new leaf: no parameter in its graph
+        return torch.tensor(sum(p.pow(2).sum().item() for p in model.parameters()), requires_grad=True)
+
+    def weights_only(model):                  # in the graph, but the biases are left out
+        return sum(p.pow(2).sum() for name, p in model.named_parameters() if "weight" in name)
+
+    def new_leaf_times_two(model):            # a graph that starts from a new leaf
+        return 2 * torch.tensor(sum(p.pow(2).sum().item() for p in model.parameters()) / 2, requires_grad=True)
+
+    def half_detached(model):                 # the right value, half of each square cut from the graph
+        return sum((p * p.detach()).sum() for p in model.parameters())
+
+    assert check("ch2-penalty-in-graph", new_leaf) == "wrong"
+    out = capsys.readouterr().out
+    assert "no parameter gets a gradient from your penalty: it is a new leaf" in out
+    assert "Hint: requires_grad=True on a tensor made from numbers starts a new graph" in out
+    assert "biases" not in out and "a Python number" not in out
+    assert check("ch2-penalty-in-graph", weights_only) == "wrong"
+    out = capsys.readouterr().out
+    assert "0.bias, 1.bias get no gradient from your penalty: it leaves them out." in out
+    assert "Hint: model.parameters() gives every tensor the optimizer trains, the biases included" in out
+    assert "Python number" not in out and "the value is" not in out
+    assert check("ch2-penalty-in-graph", new_leaf_times_two) == "wrong"
+    assert "its graph starts from a new leaf" in capsys.readouterr().out
+    assert check("ch2-penalty-in-graph", half_detached) == "wrong"
+    out = capsys.readouterr().out
+    assert "the value is right, but the gradient of sum(w^2) with respect to each parameter w is 2w" in out
+    assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum().item() for p in m.parameters())) == "wrong"
+    assert "return a tensor, not float: a Python number has no graph." in capsys.readouterr().out

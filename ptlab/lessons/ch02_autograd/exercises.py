@@ -47,8 +47,8 @@ def gated_model_and_batch(seed: int = 0, gate_fn: Callable[[torch.Tensor], torch
     task="find which layer of gated_model_and_batch()'s model never trains, and write soft_gate(logits), "
          "a replacement for hard_gate that also goes from 0 (shut) to 1 (open) but lets that layer train: "
          "answer (module name, soft_gate)",
-    hint="read forward and hard_gate: a comparison returns bools, and no gradient flows back through a "
-         "bool. A replacement that goes smoothly from 0 to 1 as its input grows has a gradient everywhere",
+    hint="read forward and hard_gate, and ask of each op between a layer and the loss: does its result change "
+         "when that layer's weights change a little? Where it cannot, no usable gradient reaches the layer",
 )
 def check_why_no_training(answer) -> None:
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], str)):
@@ -92,8 +92,8 @@ def _penalty_model() -> nn.Module:
 
 @exercise(
     id="ch2-penalty-in-graph", chapter=2,
-    task="write weight_penalty(model) returning the sum of squared weights of every parameter as a "
-         "tensor that stays in the graph",
+    task="write weight_penalty(model) returning the sum of the squared values of every parameter (weights and "
+         "biases alike) as a tensor that stays in the graph",
     hint="a Python number (from .item(), float() or torch.tensor(...)) carries no graph; combine the "
          "parameters with tensor operations only, and keep every partial result a tensor",
 )
@@ -102,6 +102,7 @@ def check_penalty_in_graph(weight_penalty) -> None:
     penalty = calls_answer(weight_penalty, model)
     if not isinstance(penalty, torch.Tensor):
         raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
+    _refuse_a_graph_that_misses_parameters(penalty, model)
     expected = torch.tensor(FIGURES["ch2-penalty-in-graph"]["penalty"])
     if penalty.numel() != 1 or not torch.allclose(penalty.detach().reshape(()), expected):
         shown = ", ".join(f"{v:.4f}" for v in penalty.detach().flatten()[:3].tolist())
@@ -110,7 +111,26 @@ def check_penalty_in_graph(weight_penalty) -> None:
         raise Wrong("the value is right but it has no grad_fn: the penalty cannot train anything.")
     grads = torch.autograd.grad(penalty.reshape(()), list(model.parameters()), allow_unused=True)
     if any(g is None or not torch.allclose(g, 2 * p.detach()) for g, p in zip(grads, model.parameters())):
-        raise Wrong("the gradient of sum(w^2) should be 2w for every parameter, biases included.")
+        raise Wrong("the value is right, but the gradient of sum(w^2) with respect to each parameter w is 2w, "
+                    "and yours is not: is part of a square detached, or made from a number?")
+
+
+def _refuse_a_graph_that_misses_parameters(penalty: torch.Tensor, model: nn.Module) -> None:
+    """Wrong, with the hint for the mistake, when a penalty in a graph gives some parameter no gradient."""
+    if penalty.numel() != 1 or not penalty.requires_grad:
+        return                                 # the value and grad_fn checks after this one say what is wrong
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(penalty.reshape(()), list(named.values()), allow_unused=True, retain_graph=True)
+    missed = [name for name, grad in zip(named, grads) if grad is None]
+    if len(missed) == len(named):
+        made = "it is a new leaf" if penalty.is_leaf else "its graph starts from a new leaf"
+        raise Wrong(f"no parameter gets a gradient from your penalty: {made}, not computed from the parameters.",
+                    hint="requires_grad=True on a tensor made from numbers starts a new graph that no parameter is "
+                         "in; compute the penalty from the parameter tensors themselves, with tensor operations")
+    if missed:
+        raise Wrong(f"{', '.join(missed)} get no gradient from your penalty: it leaves them out.",
+                    hint="model.parameters() gives every tensor the optimizer trains, the biases included, and "
+                         "the penalty is over all of them")
 
 
 def _clipping_problem() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
