@@ -96,7 +96,8 @@ class ClinicTable:
         head = f"<tr>{head}</tr>"
         cell = "<td style='text-align:left;vertical-align:top'>"
         body = "".join(f"<tr>{cell}<b>{html.escape(r.symptom)}</b></td>{cell}{html.escape(r.causes)}</td>"
-                       f"{cell}{html.escape(r.check)}</td>{cell}{html.escape(self._links(r))}</td></tr>" for r in self.rows)
+                       f"{cell}{html.escape(r.check)}</td>{cell}{html.escape(self._links(r))}</td></tr>"
+                       for r in self.rows)
         return f"<table style='text-align:left'>{head}{body}</table>"
 
 

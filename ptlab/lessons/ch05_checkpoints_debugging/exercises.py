@@ -11,7 +11,9 @@ from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
 
 
 def _does_nothing(fn) -> bool:
-    """Whether fn's body is only `...` or `pass` (a docstring aside): the untouched stub of a function that returns nothing."""
+    """Whether fn's body is only `...` or `pass` (a docstring aside).
+
+    That is the untouched stub of a function that returns nothing."""
     if not callable(fn) or not hasattr(fn, "__code__"):
         return False
     steps = [(i.opname, i.argval) for i in dis.get_instructions(fn) if i.opname not in ("RESUME", "NOP")]

@@ -211,7 +211,8 @@ def model_only_checkpoint(buggy: bool) -> Outcome:
     X, y = blobs()
     torch.manual_seed(0)
     straight, losses_straight, lrs_straight = blob_mlp(), [], []
-    _train(straight, *_recipe(straight, 120), X, y, torch.Generator().manual_seed(1), 120, losses_straight, lrs_straight)
+    _train(straight, *_recipe(straight, 120), X, y, torch.Generator().manual_seed(1), 120, losses_straight,
+           lrs_straight)
     torch.manual_seed(0)
     model, losses, lrs = blob_mlp(), [], []
     opt, sched = _recipe(model, 120)
@@ -293,7 +294,8 @@ class OldNet(nn.Module):
     symptom="after the class moves, loading raises AttributeError naming it; with weights_only=True "
             "(the default) it is refused as an unsupported global",
     why="""torch.save(model) pickles the module object: the tensors plus the import path of its class
-    (ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints.OldNet). Loading imports that path again, so renaming the class,
+    (ptlab.lessons.ch05_checkpoints_debugging.pitfalls_checkpoints.OldNet). Loading imports that path again, so
+    renaming the class,
     moving the file or changing the package breaks every old checkpoint. Since torch 2.6,
     torch.load also defaults to weights_only=True, which refuses any class it was not told to trust:
     unpickling arbitrary classes can run arbitrary code.""",

@@ -29,7 +29,7 @@ def train_with_remedy(remedy: str, steps: int = 300) -> dict[str, float]:
     drop = [nn.Dropout(0.5)] if remedy == "dropout" else []           # after each hidden layer
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), *drop, nn.Linear(256, 256), nn.ReLU(), *drop,
                           nn.Linear(256, 3))
-    if remedy == "weight decay":                                       # decoupled: each step multiplies w by 1 - lr * 0.1
+    if remedy == "weight decay":                         # decoupled: each step multiplies w by 1 - lr * 0.1
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -136,7 +136,8 @@ def scaler_update_before_step(buggy: bool) -> Outcome:
     symptom="clip_grad_norm_ sees a norm more than 1,000x the true one (the scale is 4096), and the applied "
             "update is less than 1/1,000 of max_norm * lr",
     why="""After `scaler.scale(loss).backward()` every `.grad` is multiplied by the scale (4096 here, a
-    scale at which these float16 gradients do not overflow; 65536 by default). `clip_grad_norm_` then measures that scaled norm and shrinks the gradients to `max_norm`
+    scale at which these float16 gradients do not overflow; 65536 by default). `clip_grad_norm_` then measures that
+    scaled norm and shrinks the gradients to `max_norm`
     in scaled units; `scaler.step()` divides by the scale afterwards. Here the true norm (about 4.5) is
     above `max_norm` (1), so clipping should act anyway and the update comes out scale-times smaller
     than intended; with a true norm below `max_norm` it comes out scale * norm / max_norm times smaller.
@@ -313,7 +314,8 @@ def gradscaler_default_device(buggy: bool) -> Outcome:
     return OutcomeWithTexts(
         figures={"CUDA available where it ran": torch.cuda.is_available(), "scaler._device": scaler._device,
                  "is_enabled()": scaler.is_enabled(), "warnings": len(warned), "scaled loss / loss":
-                 (scaled / loss).item(), "gradient entries non-zero in float32": nonzero, "of those, 0 here": float(zeroed)},
+                 (scaled / loss).item(), "gradient entries non-zero in float32": nonzero,
+                 "of those, 0 here": float(zeroed)},
         checks=[Check("scaler.is_enabled()", scaler.is_enabled(), "is False"),
                 Check("a UserWarning said 'CUDA is not available.  Disabling.'",
                       f"UserWarning: {DISABLED_WARNING}" in warned, "is True"),
@@ -418,7 +420,8 @@ def _exact_if_not_finite(value: float) -> float | str:
     +inf computes inf - inf = NaN. A GradScaler does not help: it scales the backward pass, not the forward. The
     same holds for any float16 value that reaches 65520: a large logit; and on the CPU, whose autocast leaves
     exp, pow and sum in their input's dtype, also a sum of squares of a float16 activation or an exp of more
-    than about 11.1 (CUDA's autocast runs those three in float32). Switching autocast off is not enough on its own: `q` and `d`
+    than about 11.1 (CUDA's autocast runs those three in float32). Switching autocast off is not enough on its own:
+    `q` and `d`
     are already float16, and a matmul of float16 tensors outside autocast is float16 too, so the fix casts them.""",
     catch="""Run the region that makes large values in float32: `with torch.autocast(device_type, enabled=False):`
     and cast its inputs with `.float()`; or autocast to bfloat16, which has float32's range; or keep the values
@@ -462,14 +465,17 @@ def _overflowing_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pitfall(
     id="scheduler-on-skipped-steps", chapter=6,
-    title="A scheduler stepped every iteration moves on when the GradScaler skips a step: the warm-up's first learning rates go to no update",
+    title="A scheduler stepped every iteration moves on when the GradScaler skips a step: the warm-up's first "
+          "learning rates go to no update",
     symptom="torch warns 'Detected call of `lr_scheduler.step()` before `optimizer.step()`', and the first real "
             "update uses more than 2x the warm-up's first learning rate",
     why="""`scaler.step(optimizer)` does not call `optimizer.step()` when the gradients hold an inf or NaN, and the
     scale starts high (65536), so the first steps of a float16 run are often skipped while `update()` halves it
-    (torch's `GradScaler` documentation says as much). A scheduler stepped every iteration does not know: it moves on, and the learning rates it meant for
+    (torch's `GradScaler` documentation says as much). A scheduler stepped every iteration does not know: it moves
+    on, and the learning rates it meant for
     those steps are used by no update. Here a 3-step warm-up (0.025 to 0.1) is spent entirely on the 3 skipped
-    steps. torch notices only one case: when the scheduler's first `step()` comes before any `optimizer.step()` since the scheduler was made,
+    steps. torch notices only one case: when the scheduler's first `step()` comes before any `optimizer.step()` since
+    the scheduler was made,
     it warns that the two were called in the wrong order (the code did call them in the right order). Skips after
     the first real step pass without a word. (Advice, not measured here: a few skips in a long schedule change
     little; a short warm-up, or a run that keeps overflowing, loses its schedule.)""",
