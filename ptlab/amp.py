@@ -226,7 +226,8 @@ def classify_bf16_kernels(*, machine: str, onednn: bool, onednn_bf16: bool, bf16
     machine, cap = machine.lower(), isa_cap.strip().upper()
     capped = f" with ONEDNN_MAX_CPU_ISA={cap}" if cap else ""
     if not onednn:
-        return "fallback", "torch's oneDNN is missing or switched off (torch.backends.mkldnn), so torch's own bf16 kernels run"
+        return "fallback", ("torch's oneDNN is missing or switched off (torch.backends.mkldnn), so torch's own bf16 "
+                            "kernels run")
     if machine in _X86:
         if not onednn_bf16:
             return "fallback", (f"oneDNN has no bf16 kernels on this CPU{capped}, so torch's own bf16 kernels run "

@@ -37,8 +37,8 @@ def test_a_venv_whose_python_is_gone_is_named_with_the_fix(tmp_path):
 def test_plain_pytest_leaves_the_browser_tests_to_make_test_browser():
     result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              "tests/browser"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert "deselected" in result.stdout and "test_notebook_in_jupyterlab" not in result.stdout.split("deselected")[0], \
-        result.stdout[-2000:]
+    collected = result.stdout.split("deselected")[0]
+    assert "deselected" in result.stdout and "test_notebook_in_jupyterlab" not in collected, result.stdout[-2000:]
 
 
 def test_a_python_too_old_gets_the_message_not_a_traceback(monkeypatch, capsys):
