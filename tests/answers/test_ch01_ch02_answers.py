@@ -234,3 +234,27 @@ def test_penalty_feedback_names_each_mistake_and_gives_its_hint(capsys):
     assert "the value is right, but the gradient of sum(w^2) with respect to each parameter w is 2w" in out
     assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum().item() for p in m.parameters())) == "wrong"
     assert "return a tensor, not float: a Python number has no graph." in capsys.readouterr().out
+
+
+def test_penalty_with_biases_as_numbers_or_detached_is_not_told_it_leaves_them_out(capsys):
+    """Exercise 2.2: the biases' squares in the value as numbers or detached: the value is right, the graph is not."""
+    def biases_as_numbers(model):
+        return sum(p.pow(2).sum() if "weight" in n else p.pow(2).sum().item() for n, p in model.named_parameters())
+
+    def biases_detached(model):
+        return sum(p.pow(2).sum() if "weight" in n else p.detach().pow(2).sum() for n, p in model.named_parameters())
+
+    def one_bias_as_float(model):
+        return sum(p.pow(2).sum() if n != "1.bias" else float(p.pow(2).sum()) for n, p in model.named_parameters())
+
+    for answer in (biases_as_numbers, biases_detached):
+        assert check("ch2-penalty-in-graph", answer) == "wrong"
+        out = capsys.readouterr().out
+        assert "0.bias, 1.bias get no gradient from your penalty: their squares are in its value, but as " \
+               "numbers or detached, so not in the graph." in out
+        assert "Hint: a Python number (from .item(), float() or torch.tensor(...)) carries no graph" in out
+        assert "leaves them out" not in out and "the biases included" not in out
+    assert check("ch2-penalty-in-graph", one_bias_as_float) == "wrong"
+    out = capsys.readouterr().out
+    assert "1.bias gets no gradient from your penalty: its square is in its value, but as a number or detached" in out
+    assert "leaves" not in out

@@ -25,9 +25,10 @@ from ptlab.course.exercises import all_exercises
 
 HERE = Path(__file__).resolve().parent
 MODULE = "exercise_figures"
-HEADER = '''"""What chapter {chapter}'s checkers compare answers with: the right answers' outputs (and typical
-wrong ones') on the checks' fixed inputs. Written by `python tests/answers/test_stored_figures.py`
-from the answers in tests/answers, which the handout leaves out; not edited by hand."""
+HEADER = '''"""What chapter {chapter}'s checkers compare answers with: the right answers' outputs (and, where a
+hint needs them, typical wrong ones') on the checks' fixed inputs. Written by
+`python tests/answers/test_stored_figures.py` from the answers in tests/answers, which the handout leaves out;
+not edited by hand."""
 '''
 
 

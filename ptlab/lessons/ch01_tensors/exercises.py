@@ -32,8 +32,8 @@ def calls_answer(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def answer_digest(value: Any) -> str:
-    """How a checker stores an answer that is a value (a name, a count) without writing it down: its repr's
-    sha256, shortened. The value itself lives only in tests/answers."""
+    """How a checker compares an answer that is a value (a name, a count) without writing the value into its
+    comparison: its repr's sha256, shortened."""
     return hashlib.sha256(repr(value).encode("utf-8")).hexdigest()[:16]
 
 

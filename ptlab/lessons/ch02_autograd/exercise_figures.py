@@ -1,6 +1,7 @@
-"""What chapter 2's checkers compare answers with: the right answers' outputs (and typical
-wrong ones') on the checks' fixed inputs. Written by `python tests/answers/test_stored_figures.py`
-from the answers in tests/answers, which the handout leaves out; not edited by hand."""
+"""What chapter 2's checkers compare answers with: the right answers' outputs (and, where a
+hint needs them, typical wrong ones') on the checks' fixed inputs. Written by
+`python tests/answers/test_stored_figures.py` from the answers in tests/answers, which the handout leaves out;
+not edited by hand."""
 
 FIGURES = {
     "ch2-clipped-step": {

@@ -127,10 +127,17 @@ def _refuse_a_graph_that_misses_parameters(penalty: torch.Tensor, model: nn.Modu
         raise Wrong(f"no parameter gets a gradient from your penalty: {made}, not computed from the parameters.",
                     hint="requires_grad=True on a tensor made from numbers starts a new graph that no parameter is "
                          "in; compute the penalty from the parameter tensors themselves, with tensor operations")
-    if missed:
-        raise Wrong(f"{', '.join(missed)} get no gradient from your penalty: it leaves them out.",
-                    hint="model.parameters() gives every tensor the optimizer trains, the biases included, and "
-                         "the penalty is over all of them")
+    if not missed:
+        return
+    one = len(missed) == 1
+    names = f"{', '.join(missed)} {'gets' if one else 'get'} no gradient from your penalty"
+    expected = torch.tensor(FIGURES["ch2-penalty-in-graph"]["penalty"])
+    if torch.allclose(penalty.detach().reshape(()), expected):  # in the value, but not in the graph
+        raise Wrong(f"{names}: {'its square is' if one else 'their squares are'} in its value, but as "
+                    f"{'a number' if one else 'numbers'} or detached, so not in the graph.")
+    raise Wrong(f"{names}: it leaves {'it' if one else 'them'} out.",
+                hint="model.parameters() gives every tensor the optimizer trains, the biases included, and "
+                     "the penalty is over all of them")
 
 
 def _clipping_problem() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:

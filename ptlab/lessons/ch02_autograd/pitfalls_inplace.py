@@ -30,8 +30,9 @@ def _error_parts(err: RuntimeError) -> dict[str, str]:
     shape and the versions, and the op it names depends on how the tensor was saved. An op that saved its
     own output (sigmoid, relu, tanh) is named even after a recorded write: here "output 0 of Sigmoid",
     though `h[:, 0] = 0` made `CopySlices` the tensor's `grad_fn`. For a tensor an op saved as an input
-    (mul, pow), the message names the tensor's `grad_fn` when backward runs: the op that made it, or the
-    in-place write itself when autograd recorded that write. No line of your code is named, and its hint
+    (mul, pow), the message names the tensor's `grad_fn` when backward runs: the op that made it, the
+    in-place write itself when autograd recorded that write, or `AsStrided` when the saved tensor is a view
+    of a tensor written in place afterwards. No line of your code is named, and its hint
     points at anomaly detection.""",
     catch="""Read the message: the shape and the op it names point at the tensor. Rerun the step under
     `torch.autograd.detect_anomaly()` (or `set_detect_anomaly(True)`): the failing backward then warns with
@@ -70,7 +71,7 @@ def inplace_saved_for_backward(buggy: bool) -> Outcome:
             "modified by an inplace operation, naming output 0 of Relu",
     why="""`torch.relu` saves its output: its backward passes the gradient where that output is positive.
     The block then adds the skip connection in place, `out += identity`, into that very tensor. The
-    forward is right (the numbers are those of `out = out + identity`), but the write bumped the tensor's
+    forward runs without an error, but the write bumped the tensor's
     version counter, and when backward reaches relu it finds its saved output changed and refuses. The
     error comes from the training loop's `loss.backward()`, far from the block, and names the tensor by
     its shape and by relu, which saved it as its output, not by the `+=`. Whether `+=` is safe depends on
