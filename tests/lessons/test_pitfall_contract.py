@@ -213,7 +213,7 @@ def test_every_view_shows_a_run_in_compare_pitfalls_one_text(monkeypatch, capsys
     for label, flags in (("bug on", []), ("fixed", ["--fixed"])):
         assert main(["pitfalls", "run", "two-ways", *flags]) == 0
         one_run = run_text({label: record.run(buggy=label == "bug on")})
-        lesson, run = capsys.readouterr().out.split("\nRun (", 1)     # the lesson first (code, why, catch), then the run
+        lesson, run = capsys.readouterr().out.split("\nRun (", 1)  # the lesson, then the run
         assert lesson.startswith("t  [two-ways, chapter 1]\n") and run.split("\n", 1)[1] == f"{one_run}\n"
         assert f">{html.escape(one_run)}</pre>" in figures_html(label, record.run(buggy=label == "bug on"))
     assert one_run.splitlines()[0] == "         fixed" and one_run.splitlines()[-1] == "✔ fixed: n: 0, not > 1"
