@@ -9,10 +9,15 @@ from pathlib import Path
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .course.doctor import report, run_checks
+    print("ptlab doctor", flush=True)        # at once: importing torch takes seconds
+    from .course.doctor import check_lines, iter_checks, note_line, verdict
 
-    text, code = report(run_checks())
-    print(text)
+    checks = []
+    for check in iter_checks(say=lambda text: print(note_line(text), flush=True)):
+        checks.append(check)
+        print("\n".join(check_lines(check)), flush=True)
+    last, code = verdict(checks)
+    print(last)
     return code
 
 

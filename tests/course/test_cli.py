@@ -104,13 +104,29 @@ def test_pitfalls_list_has_the_watch_column(capsys):
     assert main(["pitfalls", "list", "missing-zero-grad"]) == 2
 
 
-def test_doctor_passes_here():
-    result = run_cli("doctor")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "[ok  ] torch.compile build" in result.stdout and "cache for this CPU is now warm" in result.stdout
+def test_doctor_passes_here_printing_each_check_as_it_completes():
+    import time
+
+    from ptlab.course.doctor import BUILDING_HEADER, BUILDING_LADDER
+
+    start, arrived = time.perf_counter(), []     # each line and when it reached the pipe
+    with subprocess.Popen([sys.executable, "-m", "ptlab", "doctor"], stdout=subprocess.PIPE, text=True,
+                          cwd=ROOT) as doctor:
+        for line in doctor.stdout:
+            arrived.append((line.rstrip("\n"), time.perf_counter() - start))
+    assert doctor.returncode == 0, arrived
+    lines = [line for line, _ in arrived]
+    stdout = "\n".join(lines)
+    assert "[ok  ] torch.compile build" in stdout and "cache for this CPU is now warm" in stdout
     for line in ("torch", "torchvision", "device", "bf16 autocast", "C++ compiler", "embedded dataset",
                  "ipywidgets lab extension", "READY"):
-        assert line in result.stdout
+        assert line in stdout
+    where = {name: next(i for i, line in enumerate(lines) if name in line)
+             for name in ("] python", BUILDING_HEADER, BUILDING_LADDER, "] torch.compile build", "READY")}
+    assert where["] python"] < where[BUILDING_HEADER] < where[BUILDING_LADDER] < where["] torch.compile build"], \
+        "it says what it builds before it builds it"
+    assert arrived[where["] python"]][1] < arrived[where["READY"]][1] - 2, \
+        "each check is printed when it completes, not the whole report at the end (the compile takes seconds)"
 
 
 def test_doctor_names_what_is_missing(monkeypatch):
