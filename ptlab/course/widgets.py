@@ -35,10 +35,20 @@ def prose_html(text: str) -> str:
     return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
 
 
+_BROKEN, _OK = '<b style="color:#c0392b">BROKEN</b>', '<b style="color:#27ae60">OK</b>'
+# What a run means, in words (shown live, never stored in a notebook): the symptom shows when every check holds.
+VERDICTS = {(BUG_ON, True): f"{_BROKEN}: the symptom shows (every check below holds)",
+            (FIXED, False): f"{_OK}: the symptom is gone",
+            (FIXED, True): f"{_BROKEN}: the symptom still shows with the fix: a course bug, please report it",
+            (BUG_ON, False): f"{_OK}: the symptom did not show this time, though the bug is on (✘ below): "
+                             "a course bug, please report it"}
+
+
 def figures_html(label: str, outcome: Outcome) -> str:
     """The verdict, then the run as compare_pitfall and the command line show it (run_text), as HTML."""
-    verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
-               else '<b style="color:#27ae60">OK</b>: not every check of the symptom holds')
+    if label not in (BUG_ON, FIXED):
+        raise ValueError(f"label must be {BUG_ON!r} or {FIXED!r}, got {label!r}")
+    verdict = VERDICTS[label, outcome.broken]
     return (f'<div class="ptlab-verdict">{verdict}</div><pre class="ptlab-figures" style="margin:4px 0;'
             f'font-size:12px;line-height:1.35">{html.escape(run_text({label: outcome}))}</pre>')
 
