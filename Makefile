@@ -13,12 +13,14 @@ SECOND_CONFIG := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_IS
 # A CPU with AVX2 only (no AVX-512), emulated on a faster one: what the budgets are set for.
 AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 
-.PHONY: check-setup handout help setup lab test test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 \
+.PHONY: check-setup handout help setup lab lint test test-fast test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 \
 	doctor lock catalogue clean gpu-check gpu-wheels
 
 help:
 	@echo "make lab            set up .venv and start JupyterLab in the course folder, open at notebooks/"
-	@echo "make test           set up .venv, then unit tests, strict nbval and notebook hygiene"
+	@echo "make test           set up .venv, then the linter, unit tests, strict nbval and notebook hygiene"
+	@echo "make test-fast      the edit-test loop: the linter and the unit tests not marked slow (no notebooks)"
+	@echo "make lint           ruff on ptlab, tests, tools and the notebooks (pyproject.toml says which rules)"
 	@echo "make test-second-config  strict nbval again at 1 thread, without ATen SIMD (other float digits)"
 	@echo "make test-browser   every notebook and widget in real JupyterLab + Chromium"
 	@echo "make notebooks      re-execute every notebook in place (refresh committed outputs)"
@@ -60,9 +62,17 @@ lab: check-setup $(READY)
 doctor: check-setup $(READY)
 	$(PY) -m ptlab doctor
 
+lint: check-setup $(READY)
+	$(PY) -m ruff check .
+
 test: check-setup $(READY)
+	$(PY) -m ruff check .
 	$(PY) -m ptlab doctor
 	$(PY) -m pytest tests notebooks --ignore=tests/browser $(NBVAL)
+
+test-fast: check-setup $(READY)
+	$(PY) -m ruff check .
+	$(PY) -m pytest tests --ignore=tests/browser -m "not slow and not browser" -q
 
 test-unit: check-setup $(READY)
 	$(PY) -m pytest tests --ignore=tests/browser

@@ -13,7 +13,8 @@ from .timing import compare, time_callable
 __version__ = "0.1.0"
 
 __all__ = [
-    "Check", "ClaimFailed", "claim", "claim_measured", "exact", "measured", "measured_seconds", "DeviceChoice", "choose_device", "get_device", "seed_everything", "check",
+    "Check", "ClaimFailed", "claim", "claim_measured", "exact", "measured", "measured_seconds", "DeviceChoice",
+    "choose_device", "get_device", "seed_everything", "check",
     "all_pitfalls", "compare_pitfall", "get_pitfall", "run_pitfall", "compare", "format_seconds",
     "time_callable", "show_pitfall", "versions",
 ]

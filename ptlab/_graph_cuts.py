@@ -1,8 +1,10 @@
 """Private to ptlab.diagnose: a TorchFunctionMode that watches one forward pass and records where the graph was cut."""
 from __future__ import annotations
 
+import inspect
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -70,9 +72,12 @@ class ForwardWatcher(TorchFunctionMode):
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         self.used.update(id(t) for t in inputs)
         graph_inputs = [t for t in inputs if t.requires_grad]
-        if graph_inputs and inputs[0].requires_grad and (op in MUTATING_DUNDERS or
-                                                         (op.endswith("_") and not op.startswith("_"))):
-            self.inplace_on_graph.append(f"`{op}` in the forward of {module_label(self.current_module)}")
+        if graph_inputs and inputs[0].requires_grad:
+            if op in MUTATING_DUNDERS or (op.endswith("_") and not op.startswith("_")):
+                self.inplace_on_graph.append(f"`{op}` in the forward of {module_label(self.current_module)}")
+            elif asks_inplace(func, args, kwargs):   # F.relu(x, inplace=True), nn.ReLU(inplace=True), F.dropout
+                self.inplace_on_graph.append(f"`{op}(inplace=True)` in the forward of "
+                                             f"{module_label(self.current_module)}")
         result = func(*args, **kwargs)
         outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         taint = set().union(*(self.taint.get(id(t), set()) for t in inputs)) if inputs else set()
@@ -129,6 +134,30 @@ class ForwardWatcher(TorchFunctionMode):
                 if self.module_stack:
                     self.module_stack.pop()
         return hook
+
+
+@lru_cache(maxsize=None)
+def _signature(func: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):        # a builtin without a signature
+        return None
+
+
+def asks_inplace(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call passes inplace=True, by keyword or by position (nn.Dropout calls F.dropout(x, p, t, inplace))."""
+    if kwargs.get("inplace") is True:
+        return True
+    try:
+        signature = _signature(func)
+    except TypeError:                      # an unhashable callable
+        signature = None
+    if signature is None or "inplace" not in signature.parameters:
+        return False
+    try:
+        return signature.bind_partial(*args, **kwargs).arguments.get("inplace") is True
+    except TypeError:
+        return False
 
 
 def custom_function_running() -> str | None:

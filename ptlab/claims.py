@@ -2,7 +2,8 @@
 
 Two kinds of numbers reach a notebook's output:
 
-- exact facts (shapes, dtypes, counts, error messages), the same on every machine: printed as they are;
+- exact facts (shapes, dtypes, counts, error messages), the same on every machine the course makes its outputs
+  on, the CPU (an error message can read differently on another device): printed as they are;
 - measured figures (losses, accuracies, times, ratios), whose digits depend on the CPU's SIMD width,
   the thread count and the device: printed through `measured()`, which marks them with '≈'.
   The sanitize file that strict nbval uses masks those, plus memory addresses and progress bars, and nothing else.
@@ -25,7 +26,8 @@ class ClaimFailed(AssertionError):
 
 
 def measured(value: float | int, digits: int = 4) -> str:
-    """A machine-dependent figure as text: '≈' and `digits` significant digits (masked by nbval)."""
+    """A machine-dependent figure as text: '≈' and `digits` significant digits, or from 1e4 to 1e15 the rounded
+    integer with thousands separators (masked by nbval)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"measured() takes a number, got {type(value).__name__} (call .item() on a tensor)")
     value = float(value)
@@ -126,7 +128,8 @@ class Check:
         return bool(_COMPARISONS[m["op"]](value, rhs))
 
     def line(self) -> str:
-        """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5', "what: ok, which does not contain 'x'"."""
+        """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5',
+        "what: ok, which does not contain 'x'"."""
         shown = f"{self.what}: {show(self.value)}"
         if self.bound.startswith("is "):
             return shown  # the value itself says True or False
@@ -150,7 +153,8 @@ def claim(statement: str, holds: bool, evidence: str = "") -> None:
         try:
             holds = bool(holds)
         except Exception as exc:  # a multi-element tensor, say
-            raise TypeError(f"claim({statement!r}): 'holds' must be a single truth value, got {type(holds).__name__}") from exc
+            raise TypeError(f"claim({statement!r}): 'holds' must be a single truth value, "
+                            f"got {type(holds).__name__}") from exc
     suffix = f"  [{evidence}]" if evidence else ""
     if not holds:
         raise ClaimFailed(f"claim does not hold on this machine: {statement}{suffix}")

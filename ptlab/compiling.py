@@ -250,7 +250,8 @@ def explain_breaks(fn: Callable, *args: object) -> GraphBreaks:
 
     explain runs in the default mode (fullgraph=False), where every break shows, `.item()` included.
     It calls torch._dynamo.reset() before and after: whatever was compiled earlier in the process
-    compiles again on its next call. What fn prints while it is traced is swallowed; the compile loggers are quiet during the call.
+    compiles again on its next call. What fn prints while it is traced is swallowed; the compile loggers are quiet
+    during the call.
     """
     if not callable(fn):
         raise TypeError(f"explain_breaks needs a callable, got {type(fn).__name__}")

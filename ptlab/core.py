@@ -1,4 +1,5 @@
-"""Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a child Python."""
+"""Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a
+child Python."""
 from __future__ import annotations
 
 import os

@@ -59,10 +59,11 @@ def default_start_method(platform: str | None = None) -> str:
 
 
 def collective_device(backend: str, device: torch.device | str) -> torch.device:
-    """Where a collective's tensors must live: on the rank's own device under nccl, on the CPU under gloo.
+    """Where to put a collective's tensors: on the rank's own GPU under nccl, on the CPU under gloo.
 
     nccl reduces GPU memory only: a CPU tensor fails with "No backend type associated with device type
-    cpu". gloo takes CPU tensors on every machine. `device` is the one this rank trains on.
+    cpu". gloo takes CPU tensors on every machine (and CUDA tensors too; the CPU is where gloo ranks train
+    here). `device` is the one this rank trains on.
     """
     device = torch.device(device)
     if backend == "nccl":
@@ -129,7 +130,8 @@ class RankRun:
         """This run if every rank returned; otherwise a RuntimeError with each rank's error and last output."""
         if self.ok:
             return self
-        tails = "".join(f"\n  rank {r} output: {out.strip()[-300:]}" for r, out in enumerate(self.outputs) if out.strip())
+        tails = "".join(f"\n  rank {r} output: {out.strip()[-300:]}"
+                        for r, out in enumerate(self.outputs) if out.strip())
         raise RuntimeError(f"the ranks failed: {self.errors or 'timed out'}{tails}")
 
 
@@ -367,7 +369,8 @@ class LaunchResult:
 
 def torchrun_command(target: list[str], nproc: int = 2, *, nnodes: int = 1, node_rank: int | None = None,
                      rdzv_endpoint: str | None = None, python: str | None = None) -> list[str]:
-    """`python -m torch.distributed.run` with c10d rendezvous; `target` is a script and its args, or ['-m', mod, ...]."""
+    """`python -m torch.distributed.run` with c10d rendezvous; `target` is a script and its args, or
+    ['-m', mod, ...]."""
     if not isinstance(nproc, int) or nproc < 1 or not isinstance(nnodes, int) or nnodes < 1:
         raise ValueError(f"nproc and nnodes must be positive ints, got {nproc!r} and {nnodes!r}")
     endpoint = rdzv_endpoint or f"127.0.0.1:{free_port()}"

@@ -70,12 +70,17 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
     return Path(path).stat().st_size
 
 
-def onnx_session(path: str | os.PathLike):
-    """An onnxruntime InferenceSession on the CPU."""
+def onnx_session(path: str | os.PathLike, threads: int | None = None):
+    """An onnxruntime InferenceSession on the CPU; `threads` sets its own thread pools (None: onnxruntime's
+    default, one intra-op thread per physical core, whatever torch.set_num_threads says)."""
     import onnxruntime
 
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3          # errors only: ORT's own warnings go to stderr otherwise
+    if threads is not None:
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -117,7 +122,8 @@ class LatencyRow:
     seconds: float
 
 
-def time_side_by_side(calls: dict[str, Callable[[], object]], *, repeats: int = 15, warmup: int = 3) -> list[LatencyRow]:
+def time_side_by_side(calls: dict[str, Callable[[], object]], *, repeats: int = 15,
+                      warmup: int = 3) -> list[LatencyRow]:
     """Median time per call of each callable, the callables interleaved round by round."""
     import statistics
     import time

@@ -60,7 +60,8 @@ class OverfitReport:
 
 
 def label_smoothing_floor(num_classes: int, smoothing: float) -> float:
-    """The lowest CrossEntropyLoss(label_smoothing=smoothing) over num_classes classes, for class-index targets and no class weights."""
+    """The lowest CrossEntropyLoss(label_smoothing=smoothing) over num_classes classes, for class-index targets
+    and no class weights."""
     if not (isinstance(num_classes, int) and num_classes >= 2):
         raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}")
     if not (isinstance(smoothing, (int, float)) and 0 <= smoothing <= 1):
@@ -137,7 +138,8 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if frozen:
         causes["frozen parameters"] = (f"{len(frozen)} of {len(list(model.parameters()))} parameter tensors have "
-                                       f"requires_grad=False: {', '.join(frozen[:4])}{' ...' if len(frozen) > 4 else ''}")
+                                       f"requires_grad=False: {', '.join(frozen[:4])}"
+                                       f"{' ...' if len(frozen) > 4 else ''}")
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     if trainable and no_grad:
@@ -151,14 +153,17 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
                                                 f"labels: no model can fit that (inputs overwritten or broadcast?)")
     finite = [v for v in losses if math.isfinite(v)]
     if len(finite) < len(losses):
-        causes["learning rate too high"] = f"the loss became non-finite at step {measured(float(len(finite) + 1))} (lr={lr:g})"
+        causes["learning rate too high"] = (f"the loss became non-finite at step {measured(float(len(finite) + 1))} "
+                                            f"(lr={lr:g})")
     elif finite and finite[-1] > finite[0]:
-        causes["learning rate too high"] = f"the loss rose from {measured(finite[0])} to {measured(finite[-1])} (lr={lr:g})"
+        causes["learning rate too high"] = (f"the loss rose from {measured(finite[0])} to {measured(finite[-1])} "
+                                            f"(lr={lr:g})")
     elif finite and min(finite) < 0.5 * finite[-1]:
         causes["learning rate too high"] = (f"the loss went down to {measured(min(finite))}, then back up to "
                                             f"{measured(finite[-1])} (lr={lr:g})")
     elif finite and not (no_grad or frozen or conflicts) and finite[-1] > 0.5 * finite[0]:
-        causes["learning rate too low"] = f"the loss only fell from {measured(finite[0])} to {measured(finite[-1])} (lr={lr:g})"
+        causes["learning rate too low"] = (f"the loss only fell from {measured(finite[0])} to {measured(finite[-1])} "
+                                           f"(lr={lr:g})")
     if not causes:
         causes["too few steps or too small a model"] = "the loss falls steadily: raise steps, or check capacity"
     return causes
@@ -168,7 +173,8 @@ def overfit_one_batch(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
                       steps: int = 100, lr: float = 1e-2, target_loss: float = 0.05,
                       raise_on_failure: bool = True, device: torch.device | str | None = None,
                       loss_floor: float | None = None) -> OverfitReport:
-    """Train a copy of model with Adam on one fixed batch until the loss <= loss floor + target_loss; raise OverfitFailed with causes if not.
+    """Train a copy of model with Adam on one fixed batch until the loss <= loss floor + target_loss; raise
+    OverfitFailed with causes if not.
 
     The batch is checked first: non-finite inputs or labels outside the model's outputs are a
     ValueError (no model can fit them); a batch of one class passes too easily, which the report notes.

@@ -21,6 +21,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -256,3 +257,120 @@ def profile_training(model: nn.Module, loader: Iterable, optimizer: torch.optim.
             if not step():
                 break
     return report
+
+
+# ---------------------------------------------------------------- a GPU step read in the profiler
+
+LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch")   # cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel, ...
+SYNC_WORD = "Synchronize"                      # cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What torch.profiler saw over `steps` calls of a training step (totals; the properties are per step)."""
+
+    steps: int
+    wall_s: float          # wall time of the steps, the GPU waited for at the end
+    device_s: float        # time the GPU spent running kernels, copies and memsets
+    launches: int          # kernel launch calls (rows named cudaLaunch... or cuLaunch...)
+    launch_s: float        # CPU time spent inside those calls
+    syncs: int             # synchronising runtime calls (rows whose name contains "Synchronize")
+    sync_s: float          # CPU time spent inside them, mostly waiting for the GPU
+    aten_ops: int          # ATen operator calls, nested ones included (rows named aten::...)
+
+    @property
+    def device_share(self) -> float:
+        """Share of the wall time the GPU was busy (one stream runs one kernel at a time)."""
+        return self.device_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def __str__(self) -> str:
+        s = self.steps
+        return "\n".join([
+            f"per step: wall {measured(self.wall_s / s * 1e3, 3)} ms, GPU busy "
+            f"{measured(self.device_s / s * 1e3, 3)} ms (share {measured(self.device_share, 3)})",
+            f"kernel launches per step: {measured(self.launches / s, 3)}, CPU time in them "
+            f"{measured(self.launch_s / s * 1e3, 3)} ms",
+            f"synchronising calls per step: {measured(self.syncs / s, 3)}, CPU time waiting in them "
+            f"{measured(self.sync_s / s * 1e3, 3)} ms",
+            f"ATen operator calls per step: {measured(self.aten_ops / s, 3)}",
+        ])
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def summarize_rows(averages: Iterable, steps: int, wall_s: float) -> StepProfile:
+    """A StepProfile from a profile's key_averages() rows (anything with key, count, device_type,
+    self_device_time_total and cpu_time_total, in microseconds)."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    device = launch = sync = 0.0
+    launches = syncs = aten = 0
+    for row in averages:
+        if getattr(row.device_type, "name", str(row.device_type)).endswith("CUDA"):
+            device += row.self_device_time_total
+        elif row.key.startswith(LAUNCH_PREFIXES):
+            launches, launch = launches + row.count, launch + row.cpu_time_total
+        elif SYNC_WORD in row.key and row.key.startswith("cu"):
+            syncs, sync = syncs + row.count, sync + row.cpu_time_total
+        elif row.key.startswith("aten::"):
+            aten += row.count
+    return StepProfile(steps, wall_s, device / 1e6, launches, launch / 1e6, syncs, sync / 1e6, aten)
+
+
+def profile_steps(step: Callable[[], object], *, steps: int = 10, warmup: int = 2,
+                  device: torch.device | str | None = None) -> StepProfile:
+    """Run `step` `warmup` times, then `steps` times under torch.profiler; what the profile shows per step.
+
+    `device` is where the step runs (default: CUDA where available, else the CPU). On CUDA the profile
+    records CUDA activity too and waits for the GPU at the end; on the CPU it has no device rows at all.
+    """
+    if not callable(step):
+        raise TypeError(f"profile_steps needs a callable, got {type(step).__name__}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+    with _quiet_native_stderr():
+        prof.__enter__()
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - start
+    finally:
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
+    return summarize_rows(prof.key_averages(), steps, wall)
+
+
+def op_counts(fn: Callable[[], object], ops: Iterable[str], *, calls: int = 1) -> dict[str, float]:
+    """How many times each named operator (e.g. "aten::item") runs per call of fn, counted by torch.profiler
+    over `calls` calls (CPU activity only: these are operator calls, wherever their kernels run)."""
+    if not callable(fn):
+        raise TypeError(f"op_counts needs a callable, got {type(fn).__name__}")
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    names = list(ops)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"ops must name at least one operator, got {names!r}")
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet_native_stderr():
+        prof.__enter__()
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
+    counted = {e.key: e.count for e in prof.key_averages()}
+    return {name: counted.get(name, 0) / calls for name in names}

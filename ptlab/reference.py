@@ -33,7 +33,8 @@ FINETUNE_CLASSES: tuple[str, ...] = ("ring", "frame", "cross", "stripes")
 WEIGHTS_FORMAT = "ptlab-weights"
 WEIGHTS_VERSION = 1
 STEPS = {"reference": 400, "backbone": 800}   # batches of 64 each model is trained for
-_FIX_HINT = ("rebuild it with `.venv/bin/python -m ptlab data --rebuild-weights` (under a minute on 2 quiet cores, no network), "
+_FIX_HINT = ("rebuild it with `.venv/bin/python -m ptlab data --rebuild-weights` "
+             "(under a minute on 2 quiet cores, no network), "
              "or set PTLAB_DATA_DIR to the folder that holds it")
 
 
@@ -54,7 +55,8 @@ def batch_stream(seed: int = 0, augment: bool = False, indices: Sequence[int] | 
     images, labels = uint8_split(True)
     pool = torch.arange(len(labels)) if indices is None else torch.as_tensor(indices, dtype=torch.long)
     if pool.ndim != 1 or len(pool) == 0:
-        raise ValueError(f"indices must be a non-empty 1-D sequence of train-split indices, got shape {tuple(pool.shape)}")
+        raise ValueError(f"indices must be a non-empty 1-D sequence of train-split indices, "
+                         f"got shape {tuple(pool.shape)}")
     g = torch.Generator().manual_seed(seed)
     while True:
         idx = pool[torch.randint(0, len(pool), (batch_size,), generator=g)]
@@ -69,7 +71,8 @@ def accuracy_on(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, ba
     Each batch goes to the model's device; predictions are compared with the labels on the CPU.
     """
     if len(images) != len(labels) or len(labels) == 0:
-        raise ValueError(f"images and labels must be non-empty and of the same length, got {len(images)} and {len(labels)}")
+        raise ValueError(f"images and labels must be non-empty and of the same length, "
+                         f"got {len(images)} and {len(labels)}")
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
@@ -157,7 +160,8 @@ def _check_model_entry(name: str, entry, path: Path) -> None:
         model = SmallCNN(num_classes=len(entry["classes"]), width=entry["width"])
         model.load_state_dict(entry["state_dict"], strict=True)
     except (RuntimeError, TypeError, ValueError) as err:
-        raise WeightsError(f"weights file {path}: {name!r} does not fit a SmallCNN ({str(err)[:200]}); {_FIX_HINT}") from err
+        raise WeightsError(f"weights file {path}: {name!r} does not fit a SmallCNN ({str(err)[:200]}); "
+                           f"{_FIX_HINT}") from err
     if not all(torch.isfinite(t.float()).all() for t in entry["state_dict"].values()):
         raise WeightsError(f"weights file {path}: {name!r} holds non-finite values; {_FIX_HINT}")
 

@@ -10,7 +10,8 @@ from torch import nn
 from .loop import check_loader, check_model, eval_mode, resolve_device, unpack_batch
 
 
-def predict(model: nn.Module, loader: Iterable, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(model: nn.Module, loader: Iterable,
+            device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted labels and true labels (both (N,) int64, on the cpu) in eval mode under no_grad; modes restored."""
     check_model(model)
     check_loader(loader, "loader")
@@ -21,7 +22,8 @@ def predict(model: nn.Module, loader: Iterable, device: torch.device | str | Non
             X, y = unpack_batch(batch, device)
             logits = model(X)                                   # (B, num_classes)
             if logits.ndim != 2:
-                raise ValueError(f"the model must return logits of shape (batch, num_classes), got {tuple(logits.shape)}")
+                raise ValueError(f"the model must return logits of shape (batch, num_classes), "
+                                 f"got {tuple(logits.shape)}")
             predicted.append(logits.argmax(dim=1).cpu())
             targets.append(y.cpu())
     if not predicted:

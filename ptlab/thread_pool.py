@@ -161,7 +161,8 @@ def _run_child(spec: dict, wait_policy: str | None, timeout_s: float) -> dict:
         env["OMP_WAIT_POLICY"] = wait_policy
     env = env_importing_this_ptlab(env)
     # `-c` puts the working directory first on sys.path, before PYTHONPATH: put this ptlab's folder before it.
-    code = f"import sys; sys.path.insert(0, {PTLAB_ROOT!r}); from {__name__} import _child_main; _child_main(sys.argv[1])"
+    code = (f"import sys; sys.path.insert(0, {PTLAB_ROOT!r}); "
+            f"from {__name__} import _child_main; _child_main(sys.argv[1])")
     run = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True,
                          timeout=timeout_s)
     if run.returncode != 0:

@@ -9,7 +9,10 @@ Under torchrun every process runs this file; RANK, LOCAL_RANK and WORLD_SIZE say
 process trains on GPU LOCAL_RANK with nccl when the machine has a GPU for every one of its processes, and on
 the CPU with gloo otherwise (PTLAB_DEVICE=cpu forces the CPU). Rank 0 alone prints, shows the progress bar,
 writes checkpoints and the run log; --batch-size is the global batch, divided evenly among the processes (it
-must divide by their number). The train loss and accuracy logged are the mean over the ranks. One process
+must divide by their number). The train loss and accuracy logged are the mean over the ranks; every rank
+evaluates the whole validation split each epoch (the same weights: the same figure), and rank 0 alone runs the
+test evaluation, on the plain model. Under torchrun DataLoader workers start with forkserver (spawn off Linux),
+never fork. One process
 resumes bit for bit; several ranks resume with their own new random streams (last.pt holds only rank 0's), so
 their augmentations differ from an uninterrupted run's.
 """
@@ -34,7 +37,7 @@ from ptlab.profiling import profile_training
 from .checkpoint import load_checkpoint
 from .core import DEVICE_ENV, get_device
 from .data import DATASET_NAMES, load_dataset, make_transform, train_val_split
-from .distributed import collective_device
+from .distributed import collective_device, default_start_method
 from .experiments import log_run
 from .models import SmallCNN
 from .train import History, evaluate, fit, resume_run
@@ -62,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/last.pt")
     p.add_argument("--runs-dir", default="runs", help="the experiment log (runs.jsonl) goes here")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
-                   help="mixed precision on CUDA: bfloat16 autocast where the GPU supports it, else float16 "
-                        "autocast + GradScaler; none on the CPU (see --cpu-bf16)")
+                   help="mixed precision on CUDA: bfloat16 autocast on a GPU with native bfloat16 (Ampere or "
+                        "newer), else float16 autocast + GradScaler; none on the CPU (see --cpu-bf16)")
     p.add_argument("--cpu-bf16", action="store_true",
                    help="bfloat16 autocast on the CPU (faster only with native bf16, e.g. AVX-512 BF16 or AMX)")
     p.add_argument("--profile", action="store_true", help="rank 0 profiles 5 steps of a copy of the model first")
@@ -155,10 +158,11 @@ def setup_distributed(timeout_s: float) -> tuple[int, int, torch.device]:
 def amp_settings(device: torch.device, amp: bool, cpu_bf16: bool, cuda_bf16: bool | None = None):
     """(GradScaler or None, autocast dtype or None, description), chosen by the device (docs/decisions.md, row 4).
 
-    On a CUDA GPU: bfloat16 where it supports it (float32's range: no scaler), else float16 with a GradScaler.
-    cuda_bf16=None asks torch.cuda.is_bf16_supported()."""
+    On a CUDA GPU: bfloat16 where the GPU runs it natively (float32's range: no scaler), else float16 with a
+    GradScaler. cuda_bf16=None asks torch.cuda.is_bf16_supported(including_emulation=False): True from Ampere
+    on (compute capability 8.0); its default, including_emulation=True, is True on older GPUs too."""
     if device.type == "cuda" and amp:
-        if torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16:
+        if torch.cuda.is_bf16_supported(including_emulation=False) if cuda_bf16 is None else cuda_bf16:
             return None, torch.bfloat16, "bfloat16 autocast (no GradScaler: bf16 has float32's range)"
         return torch.amp.GradScaler("cuda"), torch.float16, "float16 autocast + GradScaler"
     if device.type == "cpu" and cpu_bf16:
@@ -180,8 +184,11 @@ def make_loaders(args: argparse.Namespace, rank: int, world: int, pin_memory: bo
     per_rank = args.batch_size // world
     if world > 1:                                      # each rank its own disjoint shard, reshuffled each epoch
         sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        # Workers beside a process group: forkserver or spawn, never fork (DDP's docstring warns about fork
+        # with nccl); no generator=, so each rank's workers take their seeds from its own seed + rank.
+        context = default_start_method() if args.workers else None
         loader = DataLoader(train, batch_size=per_rank, sampler=sampler, num_workers=args.workers,
-                            pin_memory=pin_memory)
+                            pin_memory=pin_memory, multiprocessing_context=context)
     else:
         loader = DataLoader(train, batch_size=per_rank, shuffle=True, num_workers=args.workers,
                             generator=torch.Generator().manual_seed(args.seed), pin_memory=pin_memory)
@@ -265,7 +272,7 @@ def _average_over_ranks(history: History, fields: tuple[str, ...], world: int, d
     where = collective_device(dist.get_backend(), device)
     for name in fields:
         values = torch.tensor(getattr(history, name), dtype=torch.float64).to(where)   # (epochs,)
-        dist.all_reduce(values)                        # gloo and nccl both sum float64 tensors
+        dist.all_reduce(values)                        # gloo sums float64 on the CPU, nccl on the rank's GPU
         setattr(history, name, (values / world).cpu().tolist())
 
 

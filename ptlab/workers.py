@@ -1,4 +1,5 @@
-"""Helpers that run inside DataLoader workers, for your own loaders: collate functions, worker seeding, unreadable files.
+"""Helpers that run inside DataLoader workers, for your own loaders: collate functions, worker seeding, unreadable
+files.
 
 They live in a module, not a notebook: a worker started with spawn (macOS, Windows) imports what it runs by module
 name and cannot import a notebook's `__main__`. Introduced in chapter 3.

@@ -73,30 +73,64 @@ def figure_without_image(output) -> str | None:
     return None
 
 
-def _is_cuda_test(node: ast.AST) -> bool:
-    """An expression that asks whether a CUDA GPU is there: torch.cuda.is_available() or `X.type == "cuda"`."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call) and ast.unparse(sub.func) == "torch.cuda.is_available":
-            return True
-        if isinstance(sub, ast.Compare) and any(isinstance(c, ast.Constant) and c.value == "cuda"
-                                                for c in sub.comparators):
-            return True
-    return False
+_CUDA_CALLS = ("torch.cuda.is_available", "torch.cuda.device_count")
 
 
-def gpu_branch_problem(cell) -> str | None:
+def _cuda_polarity(test: ast.AST, flags: set[str]) -> bool | None:
+    """True when `test` holds exactly where a CUDA GPU is (torch.cuda.is_available(), device_count(),
+    `x.type == "cuda"`, `"cuda" in ...`, or a name set from one of those), False when it holds exactly where
+    none is (`not ...`, `!= "cuda"`), None when it does not ask about a GPU."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _cuda_polarity(test.operand, flags)
+        return None if inner is None else not inner
+    if isinstance(test, ast.Name) and test.id in flags:
+        return True
+    if isinstance(test, ast.Call) and ast.unparse(test.func) in _CUDA_CALLS:
+        return True
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        sides = [test.left, *test.comparators]
+        names_cuda = any("cuda" in {c.value for c in ast.walk(side) if isinstance(c, ast.Constant)} for side in sides)
+        if names_cuda:
+            return not isinstance(test.ops[0], (ast.NotEq, ast.NotIn, ast.IsNot))
+        if any(_cuda_polarity(side, flags) for side in sides):           # torch.cuda.device_count() > 0
+            return True
+    if isinstance(test, ast.BoolOp):
+        parts = [_cuda_polarity(v, flags) for v in test.values]
+        return next((p for p in parts if p is not None), None)
+    return None
+
+
+def cuda_flags(source: str, flags: set[str] | None = None) -> set[str]:
+    """`flags` plus the names this cell sets from a CUDA test (`has_gpu = torch.cuda.is_available()`)."""
+    found = set(flags or ())
+    for node in ast.walk(ast.parse(_code_without_magics(source))):
+        if isinstance(node, ast.Assign) and _cuda_polarity(node.value, found):
+            found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return found
+
+
+def gpu_branch_problem(cell, flags: set[str] = frozenset()) -> str | None:
     """Why a cell that branches on a CUDA GPU breaks the rule, or None.
 
     Such a cell prints other things on a GPU than the CPU stored: it must be tagged nbval-ignore-output, so
-    its compared output is the same (nothing) on every machine, and its GPU branch must still assert a claim."""
+    its compared output is the same (nothing) on every machine, and its GPU branch (the `if` body, or the
+    `else` of a test that holds without a GPU) must still assert a claim. `flags` are names earlier cells set
+    from a CUDA test. Not seen: a conditional expression (`a if torch.cuda.is_available() else b`), whose
+    value may be printed; a device held in a variable that is not compared with "cuda"."""
     tree = ast.parse(_code_without_magics(cell.source))
-    branches = [n for n in ast.walk(tree) if isinstance(n, ast.If) and _is_cuda_test(n.test)]
+    flags = cuda_flags(cell.source, set(flags))
+    branches = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            polarity = _cuda_polarity(node.test, flags)
+            if polarity is not None:
+                branches.append(node.body if polarity else node.orelse)
     if not branches:
         return None
     if "NBVAL_IGNORE_OUTPUT" not in cell_marks(cell):
         return "branches on a CUDA GPU but is not tagged nbval-ignore-output: a GPU prints other output"
     asserted = any(isinstance(n, ast.Call) and ast.unparse(n.func) in ("claim", "claim_measured")
-                   for branch in branches for stmt in branch.body for n in ast.walk(stmt))
+                   for branch in branches for stmt in branch for n in ast.walk(stmt))
     if not asserted:
         return "branches on a CUDA GPU but asserts no claim there: on a GPU it would check nothing"
     return None
@@ -113,11 +147,13 @@ def problems(nb) -> list[str]:
     elif counts != list(range(1, len(cells) + 1)):
         found.append(f"execution counts {counts} are not 1..{len(cells)}: re-run top to bottom with `make notebooks`")
     pattern = machine_path_pattern()
+    flags: set[str] = set()                     # names set from a CUDA test in an earlier cell
     for i, cell in enumerate(cells):
         where = f"code cell {i} ({cell.source.strip().splitlines()[0][:50]!r})"
         if not cell.outputs:
             found.append(f"{where} has no stored output: show what it did")
-        gpu_problem = gpu_branch_problem(cell)
+        gpu_problem = gpu_branch_problem(cell, flags)
+        flags = cuda_flags(cell.source, flags)
         if gpu_problem:
             found.append(f"{where} {gpu_problem}")
         for line in cell.source.splitlines():

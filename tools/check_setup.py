@@ -24,7 +24,7 @@ def check_python():
         fail("%s is Python %s; the course needs Python %d.%d or newer (%s recommended).\n"
              "  macOS: brew install python@%s, then: make PYTHON=python%s lab\n"
              "  Debian/Ubuntu: sudo apt-get install python3.11 python3.11-venv, then: make PYTHON=python3.11 lab"
-             % (sys.executable, version, MINIMUM[0], MINIMUM[1], REFERENCE, REFERENCE, REFERENCE, REFERENCE))
+             % (sys.executable, version, MINIMUM[0], MINIMUM[1], REFERENCE, REFERENCE, REFERENCE))
     try:
         import ensurepip  # noqa: F401
         import venv  # noqa: F401

@@ -31,7 +31,12 @@ class NotAttempted(Exception):
 
 
 class Wrong(Exception):
-    """Raised by a checker with a specific hint for this wrong answer."""
+    """Raised by a checker with what is wrong with this answer; `hint=` replaces the exercise's own hint
+    where this mistake needs another one."""
+
+    def __init__(self, message: str = "", hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ def check(exercise_id: str, answer: Any) -> "Verdict":
         return Verdict(NOT_ATTEMPTED)
     except Wrong as wrong:
         detail = f" {wrong}" if str(wrong) else ""
-        print(f"✘ {ex.id}: not yet.{detail} Hint: {ex.hint}")
+        print(f"✘ {ex.id}: not yet.{detail} Hint: {wrong.hint or ex.hint}")
         return Verdict(WRONG)
     except Exception as err:
         if raised_in_learner_code(err):

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from ptlab.course.exercises import all_exercises, check
+from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.lessons.ch02_autograd.exercises import _penalty_model, _clipping_problem
 
 
 def test_every_exercise_says_not_attempted_on_the_stub(capsys):
@@ -101,6 +103,26 @@ def _good_step(model, opt, X, y, max_norm):
     return norm
 
 
+def weight_penalty(model):
+    return sum(p.pow(2).sum() for p in model.parameters())
+
+
+def _clipping_figures():
+    model, opt, X, y = _clipping_problem()
+    norms, weights = [], []
+    for _ in range(3):
+        norms.append(_good_step(model, opt, X, y, 1.0).item())
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+    return {"norms before clipping": norms, "weights after each step": weights}
+
+
+FIGURES = {   # how each stored figure is made (tests/answers/test_stored_figures.py)
+    "ch2-why-no-training": lambda: {"layer": answer_digest("gate")},
+    "ch2-penalty-in-graph": lambda: {"penalty": weight_penalty(_penalty_model()).item()},
+    "ch2-clipped-step": _clipping_figures,
+}
+
+
 def test_chapter_2_answers(capsys):
     assert check("ch2-why-no-training", ("gate", torch.sigmoid)) == "correct"
     assert check("ch2-why-no-training", ("gate", lambda logits: (logits.clamp(-1, 1) + 1) / 2)) == "correct"
@@ -119,7 +141,7 @@ def test_chapter_2_answers(capsys):
         assert check("ch2-why-no-training", ("gate", gate)) == "wrong", name
     out = capsys.readouterr().out
     assert "no gradient reaches the logits" in out and "0 everywhere" in out and "from 0 (shut) to 1 (open)" in out
-    assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum() for p in m.parameters())) == "correct"
+    assert check("ch2-penalty-in-graph", weight_penalty) == "correct"
     capsys.readouterr()
     assert check("ch2-penalty-in-graph", lambda m: torch.tensor(1.0)) == "wrong"
     out = capsys.readouterr().out
@@ -130,10 +152,36 @@ def test_chapter_2_answers(capsys):
     assert "Python float" in capsys.readouterr().out
 
 
+def test_clipped_step_mistakes_get_their_hints(capsys):
+    def no_zero_grad(model, opt, X, y, max_norm):
+        nn.functional.mse_loss(model(X), y).backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.step()
+        return norm.item()
+
+    def clip_after_step(model, opt, X, y, max_norm):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(X), y).backward()
+        opt.step()
+        return nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+
+    def norm_after_clipping(model, opt, X, y, max_norm):
+        _good_step(model, opt, X, y, max_norm)
+        return min(max_norm, torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+
+    assert check("ch2-clipped-step", no_zero_grad) == "wrong"
+    assert "do gradients pile up" in capsys.readouterr().out
+    assert check("ch2-clipped-step", clip_after_step) == "wrong"
+    assert "clip after backward() and before opt.step()" in capsys.readouterr().out
+    assert check("ch2-clipped-step", norm_after_clipping) == "wrong"
+    assert "you returned the norm after clipping" in capsys.readouterr().out
+
+
 def test_no_hint_contains_an_answer():
     """Hints lead to the idea; none holds the code or the value that solves its exercise."""
     answers = {"ch1-broadcast-shape": ["(6, 5, 3)", "(7, 7)"], "ch1-safe-contrast": ["clamp(0, 255)", ".float()"],
-               "ch1-normalize-rows": ["keepdim=True"], "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
+               "ch1-normalize-rows": ["keepdim=True"],
+               "ch2-why-no-training": [r"\bgate\b", "non-differentiable", "sigmoid", "clamp"],
                "ch2-penalty-in-graph": ["pow(2)", "p.pow", "** 2"], "ch2-clipped-step": ["clip_grad_norm_", ".item()"],
                "ch4-overfit-cause": ["requires_grad", "first key", "causes is a dict"]}
     for ex in all_exercises():
@@ -153,3 +201,36 @@ def test_chapter_1_widget_texts_hold_no_exercise_answer():
 def test_unknown_exercise():
     with pytest.raises(KeyError, match="no exercise"):
         check("ch9-nothing", 1)
+
+
+def test_penalty_feedback_names_each_mistake_and_gives_its_hint(capsys):
+    """Exercise 2.2, the wrong answers of the first-day walkthrough (learner-ch1-ch2-ch4.md) and two more."""
+    def new_leaf(model):                      # the value rebuilt as a new leaf: no parameter in its graph
+        return torch.tensor(sum(p.pow(2).sum().item() for p in model.parameters()), requires_grad=True)
+
+    def weights_only(model):                  # in the graph, but the biases are left out
+        return sum(p.pow(2).sum() for name, p in model.named_parameters() if "weight" in name)
+
+    def new_leaf_times_two(model):            # a graph that starts from a new leaf
+        return 2 * torch.tensor(sum(p.pow(2).sum().item() for p in model.parameters()) / 2, requires_grad=True)
+
+    def half_detached(model):                 # the right value, half of each square cut from the graph
+        return sum((p * p.detach()).sum() for p in model.parameters())
+
+    assert check("ch2-penalty-in-graph", new_leaf) == "wrong"
+    out = capsys.readouterr().out
+    assert "no parameter gets a gradient from your penalty: it is a new leaf" in out
+    assert "Hint: requires_grad=True on a tensor made from numbers starts a new graph" in out
+    assert "biases" not in out and "a Python number" not in out
+    assert check("ch2-penalty-in-graph", weights_only) == "wrong"
+    out = capsys.readouterr().out
+    assert "0.bias, 1.bias get no gradient from your penalty: it leaves them out." in out
+    assert "Hint: model.parameters() gives every tensor the optimizer trains, the biases included" in out
+    assert "Python number" not in out and "the value is" not in out
+    assert check("ch2-penalty-in-graph", new_leaf_times_two) == "wrong"
+    assert "its graph starts from a new leaf" in capsys.readouterr().out
+    assert check("ch2-penalty-in-graph", half_detached) == "wrong"
+    out = capsys.readouterr().out
+    assert "the value is right, but the gradient of sum(w^2) with respect to each parameter w is 2w" in out
+    assert check("ch2-penalty-in-graph", lambda m: sum(p.pow(2).sum().item() for p in m.parameters())) == "wrong"
+    assert "return a tensor, not float: a Python number has no graph." in capsys.readouterr().out

@@ -4,7 +4,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ptlab import check
-from ptlab.lessons.ch03_data.exercises import _start_method_for, check_worker_seeding
+from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.lessons.ch03_data.exercises import LABEL_CASES, _folder_labels, _start_method_for, check_worker_seeding
 from ptlab.workers import seed_worker_numpy_rng
 
 
@@ -38,20 +39,32 @@ def test_worker_seeding_accepts_seeds_from_the_loader_and_rejects_os_entropy(cap
     assert check("ch3-worker-seeding", stub) == "not attempted"
 
 
-def test_label_lookup_and_batch_count(capsys):
-    def right(class_to_idx, classes):
-        return [classes.index(name) for name in sorted(class_to_idx, key=class_to_idx.get)]
+def label_lookup(class_to_idx, classes):
+    return [classes.index(name) for name in sorted(class_to_idx, key=class_to_idx.get)]
 
+
+BATCH_COUNT = (16, 15)      # 1000 = 15 * 64 + 40: 16 batches, the last of 40; with drop_last, 15
+
+FIGURES = {   # how each stored figure is made (tests/answers/test_stored_figures.py)
+    "ch3-label-lookup": lambda: {"lookups": [label_lookup(_folder_labels(c), list(c)) for c in LABEL_CASES]},
+    "ch3-batch-count": lambda: {"answer": answer_digest(BATCH_COUNT)},
+}
+
+
+def test_label_lookup_and_batch_count(capsys):
     def inverse(class_to_idx, classes):
         return [class_to_idx[name] for name in classes]
 
-    assert check("ch3-label-lookup", right) == "correct"
+    assert check("ch3-label-lookup", label_lookup) == "correct"
     assert check("ch3-label-lookup", inverse) == "wrong"
     assert "inverse" in capsys.readouterr().out
     assert check("ch3-label-lookup", lambda class_to_idx, classes: ...) == "not attempted"
     assert check("ch3-batch-count", (16, 15)) == "correct"
+    assert check("ch3-batch-count", [16.0, np.int64(15)]) == "correct"
     assert check("ch3-batch-count", (15, 16)) == "wrong"
+    assert "swapped" in capsys.readouterr().out
     assert check("ch3-batch-count", (16, 16)) == "wrong"
+    assert check("ch3-batch-count", ("16", "15")) == "wrong"
     assert check("ch3-batch-count", ...) == "not attempted"
     hints = capsys.readouterr().out
     assert "15 * 64" not in hints and "= 15" not in hints     # the hint leads to the count, it does not do it

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ptlab import check
-from ptlab.lessons.ch04_cnn_training.exercises import (_same_code, _variant, mystery_setup, reference_train_steps,
+from ptlab.lessons.ch04_cnn_training.exercises import (_run, _same_code, _tiny_problem, mystery_setup,
                                                       untouched_train_steps)
 from ptlab.models import SmallCNN
 from ptlab.overfit import OverfitFailed, overfit_one_batch
@@ -15,12 +15,57 @@ from ptlab.overfit import OverfitFailed, overfit_one_batch
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_cnn_training.ipynb"
 
 
+def train_steps(model, optimizer, batches, zero_grad=True, softmax=False):
+    """The right loop (train mode, logits into the loss, zero_grad/backward/step, mean of loss.item()), or it
+    with one typical mistake."""
+    model.train()
+    total = 0.0
+    for X, y in batches:
+        out = model(X)
+        loss = nn.functional.cross_entropy(out.softmax(dim=1) if softmax else out, y)
+        if zero_grad:
+            optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    return total / len(batches)
+
+
+def measure_accuracy(model, batches):
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(X).argmax(1) == y).sum()) for X, y in batches)
+    model.train(was_training)
+    return correct / sum(len(y) for _, y in batches)
+
+
+def _weights_after(loop) -> dict[str, list[float]]:
+    model = _run(loop)[1]
+    return {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
+
+
+def _accuracy_figures():
+    model, batches = _tiny_problem(seed=2)
+    return {"accuracy": measure_accuracy(model.train(), batches)}
+
+
+FIGURES = {   # how each stored figure is made (tests/answers/test_stored_figures.py)
+    "ch4-fix-training-loop": lambda: {
+        "mean loss": _run(train_steps)[0], "weights": _weights_after(train_steps),
+        "weights without zero_grad": _weights_after(lambda m, o, b: train_steps(m, o, b, zero_grad=False)),
+        "weights with softmax into cross_entropy": _weights_after(lambda m, o, b: train_steps(m, o, b, softmax=True))},
+    "ch4-evaluate-without-side-effects": _accuracy_figures,
+}
+
+
 def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> None:
-    assert check("ch4-fix-training-loop", reference_train_steps) == "correct"
-    assert check("ch4-fix-training-loop", lambda m, o, b: _variant(m, o, b, zero_grad=False)) == "wrong"
+    assert check("ch4-fix-training-loop", train_steps) == "correct"
+    assert check("ch4-fix-training-loop", lambda m, o, b: train_steps(m, o, b, zero_grad=False)) == "wrong"
     assert "sum of every gradient" in capsys.readouterr().out
-    assert check("ch4-fix-training-loop", lambda m, o, b: _variant(m, o, b, softmax=True)) == "wrong"
+    assert check("ch4-fix-training-loop", lambda m, o, b: train_steps(m, o, b, softmax=True)) == "wrong"
     assert "cross_entropy had been given" in capsys.readouterr().out
+    assert check("ch4-evaluate-without-side-effects", measure_accuracy) == "correct"
 
     def no_eval(model, batches):
         with torch.no_grad():

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from ptlab import check
+from ptlab.lessons.ch06_amp.exercises import _batches, _setup
 
 F = nn.functional
 
@@ -34,6 +35,29 @@ def _make_step(zero_grad="start", autocast_dtype=torch.float16, loss_fn=F.mse_lo
         return scaled if returned == "scaled" else loss
 
     return amp_step
+
+
+def _steps(amp_step):
+    """Run amp_step on the check's three batches: the first loss, the weights and the scale after each step."""
+    model, opt, scaler, X, y = _setup()
+    losses, weights, scales = [], [], []
+    for X_step, y_step in _batches(X, y):
+        losses.append(amp_step(model, opt, scaler, X_step, y_step, 1.0).item())
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]).tolist())
+        scales.append(scaler.get_scale())
+    return losses[0], weights, scales
+
+
+def _amp_step_figures():
+    loss, weights, scales = _steps(_make_step())
+    figures = {"loss at step 1": loss, "weights after each step": weights, "scale after each step": scales}
+    for name, mistake in (("without zero_grad", dict(zero_grad=None)), ("without unscale_", dict(unscale=False)),
+                          ("without clipping", dict(clip=False))):
+        figures[f"weights after each step {name}"] = _steps(_make_step(**mistake))[1]
+    return figures
+
+
+FIGURES = {"ch6-amp-step": _amp_step_figures}   # how each stored figure is made (test_stored_figures.py)
 
 
 def test_amp_step_accepts_the_right_answers(capsys):

@@ -38,6 +38,12 @@ def test_dynamic_export_exercise_needs_both_dims():
     assert check("ch8-dynamic-export", batch_only) == "wrong"
     assert check("ch8-dynamic-export", lambda m, x: m) == "wrong"          # not an ExportedProgram
 
+    def batch_up_to_8(model, example):
+        dims = {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", min=2, max=512)}
+        return torch.export.export(model, (example,), dynamic_shapes={"x": dims})
+
+    assert check("ch8-dynamic-export", batch_up_to_8) == "wrong"           # the task says batches up to 1,024
+
 
 def test_no_graph_break_feedback_names_the_line_and_explains_dynamos_words(capsys):
     def with_if(x):

@@ -30,7 +30,8 @@ def exploding_probe(buggy: bool) -> Outcome:
 PROBES = {
     "healthy_widget.ipynb": ['from ptlab import show_pitfall', 'show_pitfall("uint8-overflow")',
                              'import ipywidgets\nipywidgets.IntSlider(value=3)'],
-    "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall', 'show_pitfall("exploding-probe")'],
+    "raising_widget.ipynb": ['import exploding_probe\nfrom ptlab import show_pitfall',
+                             'show_pitfall("exploding-probe")'],
     "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
     "silent_wait.ipynb": ['import time\ntime.sleep(4)', 'time.sleep(11)',
                           'print("waiting 11 s for a slow step (this prints first)")\ntime.sleep(11)'],
@@ -39,8 +40,10 @@ PROBES = {
     "escaped_output.ipynb": ['kernel = get_ipython().kernel\n'
                              'session = kernel.get_parent()["header"]["session"]\n'
                              'orphan = {"header": {"msg_id": "no-such-request", "session": session,\n'
-                             '                     "msg_type": "execute_request", "username": "", "date": "", "version": "5.3"}}\n'
-                             'kernel.session.send(kernel.iopub_socket, "stream", {"name": "stdout", "text": "escaped"},\n'
+                             '                     "msg_type": "execute_request", "username": "", "date": "", '
+                             '"version": "5.3"}}\n'
+                             'kernel.session.send(kernel.iopub_socket, "stream", '
+                             '{"name": "stdout", "text": "escaped"},\n'
                              '                    parent=orphan, ident=b"stream.stdout")',
                              'print("the cells themselves are fine")'],
 }

@@ -57,3 +57,21 @@ def test_an_untouched_stub_function_is_not_attempted_and_a_missing_return_is_wro
         assert check("probe-stub", forgot_return) == "wrong"
     finally:
         _REGISTRY.pop("probe-stub")
+
+
+def test_a_wrong_answer_gets_the_hint_of_its_own_mistake(capsys):
+    from ptlab.course.exercises import Wrong
+
+    def checker(answer):
+        if answer == 1:
+            raise Wrong("one is not it.")
+        raise Wrong("two is not it either.", hint="count again")
+
+    _register("probe-own-hint", checker)
+    try:
+        assert check("probe-own-hint", 1) == "wrong"
+        assert capsys.readouterr().out.strip() == "✘ probe-own-hint: not yet. one is not it. Hint: hint"
+        assert check("probe-own-hint", 2) == "wrong"
+        assert capsys.readouterr().out.strip() == "✘ probe-own-hint: not yet. two is not it either. Hint: count again"
+    finally:
+        _REGISTRY.pop("probe-own-hint")

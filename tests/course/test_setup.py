@@ -4,6 +4,8 @@ import subprocess
 import sys
 import venv
 
+import pytest
+
 from notebook_rules import ROOT
 
 CHECK = ROOT / "tools" / "check_setup.py"
@@ -116,3 +118,19 @@ def test_jupyterlab_started_as_make_lab_starts_it_serves_docs_and_opens_at_noteb
         finally:
             lab.terminate()
             lab.wait(timeout=60)
+
+
+def test_a_python_too_old_gets_the_message_not_a_traceback(monkeypatch, capsys):
+    """The linter found 7 placeholders for 8 values here: an old Python got a TypeError instead of the advice."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("check_setup", ROOT / "tools" / "check_setup.py")
+    check_setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_setup)
+    monkeypatch.setattr(sys, "version_info", (3, 9, 18, "final", 0))
+    with pytest.raises(SystemExit) as exit_info:
+        check_setup.check_python()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "is Python 3.9; the course needs Python 3.10 or newer" in err and "brew install python@" in err

@@ -1,4 +1,4 @@
-"""Chapter 7's fixtures for the metric pitfall: a validation set whose shards differ, and a hand-set classifier."""
+"""Chapter 7's fixtures: the metric pitfall's data and classifier, rank functions, one-process demonstrations."""
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -55,5 +55,35 @@ def test_static_graph_trains_the_unused_head_and_refuses_a_graph_that_changes():
     assert [(r["step"], r["phase"]) for r in shrinks] == [(3, "forward")] * 2
     assert all("Expected to have finished reduction" in r["error"] for r in shrinks)
     assert not torch.equal(shrinks[0]["weights"], shrinks[1]["weights"])   # step 2's gradients were not averaged
+    assert shrinks[0]["allreduces"] == [[(0, 199)], []]                    # one bucket of all 199; step 2: none
     assert [r["step"] for r in searched] == [0, 0]                         # find_unused_parameters: no error
     assert torch.equal(searched[0]["weights"], searched[1]["weights"])
+
+
+def test_a_loaders_generator_decides_the_worker_seeds_of_every_rank():
+    from ptlab.lessons.ch07_ddp.one_process import rank_worker_seeds
+
+    own = [rank_worker_seeds(0, rank, loader_generator=False) for rank in (0, 1)]
+    shared = [rank_worker_seeds(0, rank, loader_generator=True) for rank in (0, 1)]
+    assert len(set(own[0] + own[1])) == 4 and own[0][1] == own[0][0] + 1     # base seed + worker id
+    assert shared[0] == shared[1]
+
+
+def test_adam_hardly_notices_a_halved_gradient_unless_its_weight_decay_is_coupled():
+    from ptlab.lessons.ch07_ddp.one_process import halved_gradient_drift
+
+    share = {(opt, wd): (lambda d, u: d / u)(*halved_gradient_drift(opt, weight_decay=wd))
+             for opt, wd in (("SGD", 0.0), ("Adam", 0.0), ("AdamW", 0.01), ("Adam", 0.01))}
+    assert abs(share["SGD", 0.0] - 0.5) < 0.01                             # half the gradient, half the step
+    assert share["Adam", 0.0] < 1e-3 and share["AdamW", 0.01] < 1e-3
+    assert share["Adam", 0.01] > 0.5
+
+
+def test_a_decision_all_reduced_stops_every_rank_and_sync_batchnorm_is_refused_on_the_cpu():
+    from ptlab.distributed import run_ranks
+    from ptlab.lessons.ch07_ddp.rank_functions import stop_together, sync_batchnorm_on_cpu
+
+    together = run_ranks(stop_together, stop_rank=1, stop_after=2).raise_on_failure().results
+    assert [r["steps"] for r in together] == [2, 2] and torch.equal(together[0]["weights"], together[1]["weights"])
+    refused = run_ranks(sync_batchnorm_on_cpu).raise_on_failure().results
+    assert all(r["DDP(model)"].startswith("ValueError: SyncBatchNorm layers only work with GPU") for r in refused)

@@ -25,7 +25,6 @@ import os
 import re
 import symtable
 import traceback
-from pathlib import Path
 
 import nbformat
 import pytest

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_rules import ROOT, problems
+from notebook_rules import ROOT, gpu_branch_problem, problems
 
 from ptlab.course.exercises import all_exercises
 from ptlab.course.nbrun import KERNEL_ENV, checked_fraction, notebook_paths
@@ -103,7 +103,8 @@ def test_every_exercise_is_posed_and_solved(chapter):
         solved = _code(solution_path)
         for ex in posed_here:
             pattern = rf'assert check\("{re.escape(ex.id)}",[^\n]*\)\s*==\s*"correct"'
-            assert re.search(pattern, solved), f"{solution_path.name} does not solve {ex.id} (assert check(...) == \"correct\")"
+            assert re.search(pattern, solved), (f"{solution_path.name} does not solve {ex.id} "
+                                                f"(assert check(...) == \"correct\")")
 
 
 def _run_nbval(tmp_path, cells, extra_files=None):
@@ -116,7 +117,8 @@ def _run_nbval(tmp_path, cells, extra_files=None):
     for name, text in (extra_files or {}).items():
         (tmp_path / name).write_text(textwrap.dedent(text))
     env = {**__import__("os").environ, **KERNEL_ENV}
-    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-q",
+                           "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), "-c", "/dev/null", str(tmp_path / "probe.ipynb")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
@@ -163,6 +165,20 @@ def test_the_rules_catch_each_defect():
             "execute_result", data={"text/plain": "<Figure size 900x340 with 2 Axes>", "image/png": "iVBO"},
             execution_count=10)]),
     ]
+    ignored = {"tags": ["nbval-ignore-output"]}
+    gpu_cells = [  # (source, tagged, expected problem or None)
+        ("if not torch.cuda.is_available():\n    print('skipped')\nelse:\n    claim('x', True)", True, None),
+        ("if not torch.cuda.is_available():\n    claim('x', True)\nelse:\n    print(1)", True, "asserts no claim"),
+        ("if device.type != 'cuda':\n    print('skipped')\nelse:\n    print(1)", True, "asserts no claim"),
+        ("if 'cuda' == device.type:\n    print(1)", False, "not tagged"),
+        ("if torch.cuda.device_count() > 0:\n    print(1)", False, "not tagged"),
+        ("has_gpu = torch.cuda.is_available()\nif has_gpu:\n    print(1)", False, "not tagged"),
+        ("if device.type in ('cuda', 'mps'):\n    print(1)", False, "not tagged"),
+        ("print(torch.cuda.is_available())", False, None),
+    ]
+    for source, tagged, expected in gpu_cells:
+        problem = gpu_branch_problem(new_code_cell(source, metadata=ignored if tagged else {}))
+        assert (problem is None) if expected is None else (expected in (problem or "")), (source, problem)
     found = "\n".join(problems(nb))
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
                      "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag",

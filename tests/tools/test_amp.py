@@ -117,7 +117,8 @@ def test_speed_table_left_aligns_measured_figures():
 
 def test_speed_table_with_peak_fractions_and_accuracy_columns():
     speeds = {"float32": 100.0, "bf16 autocast": 150.0}
-    text = format_speed_table(speeds, {"float32": 0.875, "bf16 autocast": 0.8625}, {"float32": 0.25, "bf16 autocast": 0.125})
+    text = format_speed_table(speeds, {"float32": 0.875, "bf16 autocast": 0.8625},
+                              {"float32": 0.25, "bf16 autocast": 0.125})
     header, fp32, bf16 = text.splitlines()
     assert header.split() == ["variant", "images/CPU-s", "x", "float32", "of", "its", "matmul", "peak", "accuracy"]
     assert bf16 == "bf16 autocast         ≈150          ≈1.5        ≈0.12               ≈0.863"

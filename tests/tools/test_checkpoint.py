@@ -106,7 +106,8 @@ def test_a_writer_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path
         from ptlab.checkpoint import atomic_save
         atomic_save({{"epoch": 1, "w": torch.ones(3)}}, {str(path)!r})
         print("first saved", flush=True)
-        atomic_save({{"epoch": 2, "w": torch.zeros(3), "big": torch.zeros(400_000_000, dtype=torch.uint8)}}, {str(path)!r})
+        atomic_save({{"epoch": 2, "w": torch.zeros(3), '''
+        f'''"big": torch.zeros(400_000_000, dtype=torch.uint8)}}, {str(path)!r})
     ''')
     proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "first saved"

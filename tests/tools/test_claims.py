@@ -56,7 +56,8 @@ def test_sanitize_masks_measured_figures_and_their_padding_only():
     (0.3, "< 0.5", True), (0.7, "< 0.5", False), (0.5, "<= 0.5", True), (3, "> 2.5", True),
     (0.85, "in [0.80, 0.95]", True), (0.96, "in [0.80, 0.95]", False), (True, "is True", True),
     (1, "is True", False), ("RuntimeError: view size", "contains 'view size'", True),
-    ("RuntimeError", "== 'RuntimeError'", True), ("Can't get attribute", 'contains "Can\'t get"', True), (float("nan"), "> 0", False), (float("nan"), "!= 0", True),
+    ("RuntimeError", "== 'RuntimeError'", True), ("Can't get attribute", 'contains "Can\'t get"', True),
+    (float("nan"), "> 0", False), (float("nan"), "!= 0", True),
     (True, "> 0", False), (0, "== 0", True), (1e-3, ">= 1e-3", True),
 ])
 def test_check_decides_by_the_bound_it_prints(value, bound, holds):

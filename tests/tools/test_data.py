@@ -192,7 +192,8 @@ def test_an_installed_wheel_finds_or_names_the_dataset(tmp_path) -> None:
 
     missing = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 1 and "DatasetError" in missing.stderr
-    assert "is missing" in missing.stderr and "ptlab data --rebuild" in missing.stderr and "PTLAB_DATA_DIR" in missing.stderr
+    assert ("is missing" in missing.stderr and "ptlab data --rebuild" in missing.stderr
+            and "PTLAB_DATA_DIR" in missing.stderr)
 
     found = subprocess.run([sys.executable, "-c", code], env={**env, "PTLAB_DATA_DIR": str(root / "data")},
                            cwd=tmp_path, capture_output=True, text=True)
@@ -228,7 +229,8 @@ def test_crops_and_flips_are_the_162_images_v2_can_draw() -> None:
     image = EmbeddedImages(True)._images[3]
     padded = TF.pad(image, [4])
     v2_crops = [TF.crop(padded, top, left, 32, 32) for top in range(9) for left in range(9)]
-    assert all(torch.equal(a, b) for a, b in zip(data.crops_and_flips(image), v2_crops + [TF.horizontal_flip(c) for c in v2_crops]))
+    assert all(torch.equal(a, b)
+               for a, b in zip(data.crops_and_flips(image), v2_crops + [TF.horizontal_flip(c) for c in v2_crops]))
     assert len(data.crops_and_flips(image)) == 162
     with pytest.raises(ValueError, match="32, 32"):
         data.crops_and_flips(torch.zeros(3, 28, 28))

@@ -411,8 +411,8 @@ def test_flop_counts_take_a_model_on_the_second_device():
     assert on_second == on_cpu and on_cpu[0] > 0
 
 
-def test_load_checkpoint_reads_every_file_onto_the_cpu(monkeypatch, tmp_path):
-    """A run written on a GPU resumes on any machine: the file is mapped to the CPU, whoever calls it and how."""
+def test_load_checkpoint_reads_the_file_onto_the_cpu_for_a_model_on_another_device(monkeypatch, tmp_path):
+    """A run written on a GPU resumes on any machine: the file is mapped to the CPU, not to the model's device."""
     import ptlab.checkpoint as checkpoint
 
     seen, real_load = [], torch.load
@@ -421,10 +421,11 @@ def test_load_checkpoint_reads_every_file_onto_the_cpu(monkeypatch, tmp_path):
         seen.append(kwargs.get("map_location"))
         return real_load(*args, **kwargs)
 
-    model = _model()
-    checkpoint.save_checkpoint(tmp_path / "ck.pt", model, epoch=0)
+    checkpoint.save_checkpoint(tmp_path / "ck.pt", _model(), epoch=0)
     monkeypatch.setattr(checkpoint.torch, "load", recording_load)
-    checkpoint.load_checkpoint(tmp_path / "ck.pt", model)
+    with SecondDevice():
+        model, _ = on_second_device(_model())
+        checkpoint.load_checkpoint(tmp_path / "ck.pt", model, generators={})
     assert seen == ["cpu"]
 
 
@@ -456,9 +457,10 @@ def test_the_reference_script_resumes_a_model_on_the_second_device(monkeypatch, 
 
 
 def test_the_logged_curves_are_averaged_on_the_ranks_gpu_under_nccl(monkeypatch):
-    """Every multi-GPU torchrun of the reference script failed at its end (H200, real NCCL): it all-reduced a CPU
-    tensor in an nccl group. Here the group says nccl, and an all_reduce that, like nccl, refuses any tensor
-    not on the rank's device (the simulated second device stands for its GPU) sums a world of one."""
+    """The reference script's multi-GPU runs all-reduced a CPU tensor in an nccl group at their end (chapter 7's
+    review; on an H200 a one-rank nccl group refused it: "No backend type associated with device type cpu").
+    Here the group says nccl, and an all_reduce that, like nccl, refuses any tensor not on the rank's device
+    (the simulated second device stands for its GPU) sums a world of one."""
     import ptlab.train_script as train_script
     from ptlab.train import History
 

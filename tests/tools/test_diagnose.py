@@ -2,6 +2,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ptlab.diagnose import SavedTensors, diagnose_gradients, saved_tensor_bytes, unregistered_parameters
 
@@ -153,7 +154,8 @@ def test_loss_mode_uses_the_graph_and_leaves_grad_alone():
     healthy = TwoStage()
     loss = nn.functional.mse_loss(healthy(X), Y)
     loss.backward(retain_graph=True)
-    assert diagnose_gradients(healthy, loss=loss).stale == ["encoder.weight", "encoder.bias", "head.weight", "head.bias"]
+    assert diagnose_gradients(healthy, loss=loss).stale == ["encoder.weight", "encoder.bias", "head.weight",
+                                                            "head.bias"]
 
 
 def test_batch_mode_restores_buffers_and_works_under_no_grad():
@@ -379,3 +381,33 @@ def test_a_custom_function_that_returns_no_gradient_is_named_not_blamed_on_no_gr
                                 loss_fn=nn.functional.mse_loss)
     assert report.causes == {"w": "custom-function"}
     assert "_Scale" in report.missing[0].detail
+
+
+@pytest.mark.parametrize("inplace_relu", [nn.ReLU(inplace=True), lambda h: F.relu(h, inplace=True),
+                                          lambda h: F.relu(h, True), nn.Dropout(0.5, inplace=True),
+                                          lambda h: F.dropout(h, 0.5, True, True)],
+                         ids=["nn.ReLU", "F.relu keyword", "F.relu positional", "nn.Dropout", "F.dropout positional"])
+def test_an_op_asked_to_work_in_place_is_named_when_backward_fails(inplace_relu):
+    """inplace=True ops are the common in-place ops of real models; the watcher sees them without a trailing '_'."""
+
+    class AfterTanh(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return inplace_relu(torch.tanh(self.layer(x))).sum(dim=1, keepdim=True)   # tanh saved its output
+
+    torch.manual_seed(0)
+    X = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    report = diagnose_gradients(AfterTanh(), batch=(X, X.sum(dim=1, keepdim=True)), loss_fn=nn.MSELoss())
+    assert "modified by an inplace operation" in report.backward_error
+    assert report.inplace_ops and "(inplace=True)` in the forward of" in report.inplace_ops[0]
+
+
+def test_an_op_that_may_work_in_place_but_was_not_asked_is_not_named():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.ReLU(inplace=False), nn.Dropout(0.5), nn.Linear(4, 1))
+    X = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    report = diagnose_gradients(model, batch=(X, X.sum(dim=1, keepdim=True)), loss_fn=nn.MSELoss())
+    assert report.healthy and not report.inplace_ops

@@ -184,3 +184,12 @@ def test_an_exported_program_cannot_be_switched_to_eval_afterwards():
     program = torch.export.export(model, (torch.randn(4, 8),))
     with pytest.raises(NotImplementedError, match="eval"):
         program.module().eval()
+
+
+def test_onnx_session_runs_on_the_threads_it_is_given(model, tmp_path):
+    export_onnx(model, torch.randn(2, 10, 8), tmp_path / "t.onnx", {0: "batch", 1: "seq"})
+    one = onnx_session(tmp_path / "t.onnx", threads=1).get_session_options()
+    assert (one.intra_op_num_threads, one.inter_op_num_threads) == (1, 1)
+    assert onnx_session(tmp_path / "t.onnx").get_session_options().intra_op_num_threads == 0   # onnxruntime's own
+    with pytest.raises(ValueError, match="threads"):
+        onnx_session(tmp_path / "t.onnx", threads=0)

@@ -140,7 +140,8 @@ def test_report_prints_every_machine_dependent_figure_as_measured():
 
     loader = DataLoader(TensorDataset(torch.zeros(60, 3)), batch_size=10)
     text = str(check_loader(loader, compute=simulated_step(0.001), warmup_batches=1, max_batches=4))
-    masked = re.sub(r"≈-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?|nan|inf) *", "", text)   # as tests/nbval_sanitize.cfg
+    masked = re.sub(r"≈-?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?|nan|inf) *", "",
+                    text)   # as tests/nbval_sanitize.cfg
     header, *figures = masked.splitlines()
     assert header.startswith("loader check over 4 batches (40 samples)")
     assert not any(ch.isdigit() for line in figures[:4] for ch in line), figures[:4]

@@ -1,13 +1,16 @@
 """ptlab.profiling: ranges, a trace that opens in Perfetto, and a verdict that follows the evidence."""
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from ptlab.profiling import profile_training, profiled
+from ptlab.gpu_speed import make_step
+from ptlab.profiling import op_counts, profile_steps, profile_training, profiled, summarize_rows
 
 
 class SlowImages(Dataset):
@@ -100,3 +103,70 @@ def test_tables_are_narrow_the_full_ones_are_kept_and_the_allocator_note_is_held
     width = int(result.stdout.split("WIDTH ")[1].split()[0])
     assert width <= 100 and "compute " not in result.stdout.split("named ranges")[0]
     assert (tmp_path / "traces" / "t.json").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- a step read in the profiler (GPU rows)
+
+def _row(key, count, device_type="CPU", device_us=0.0, cpu_us=0.0):
+    return SimpleNamespace(key=key, count=count, device_type=getattr(DeviceType, device_type),
+                           self_device_time_total=device_us, cpu_time_total=cpu_us)
+
+
+def test_summarize_rows_reads_launch_sync_and_kernel_rows():
+    """Rows as torch.profiler names them on CUDA: runtime calls on the CPU side, kernels and copies on the device."""
+    rows = [_row("aten::convolution", 6, cpu_us=900), _row("aten::relu_", 4, cpu_us=100),
+            _row("cudaLaunchKernel", 40, cpu_us=200), _row("cuLaunchKernelEx", 2, cpu_us=10),
+            _row("cudaStreamSynchronize", 2, cpu_us=3000), _row("cudaDeviceSynchronize", 1, cpu_us=500),
+            _row("cudaMemcpyAsync", 2, cpu_us=20),
+            _row("void at::native::vectorized_elementwise_kernel<...>", 30, "CUDA", device_us=1500),
+            _row("Memcpy DtoH (Device -> Pageable)", 2, "CUDA", device_us=4)]
+    found = summarize_rows(rows, steps=2, wall_s=0.01)
+    assert (found.launches, found.syncs, found.aten_ops) == (42, 3, 10)
+    assert found.launch_s == pytest.approx(210e-6) and found.sync_s == pytest.approx(3500e-6)
+    assert found.device_s == pytest.approx(1504e-6) and found.device_share == pytest.approx(0.1504)
+    text = str(found)
+    assert "kernel launches per step: ≈21" in text and "synchronising calls per step: ≈1.5" in text
+
+
+def test_profile_steps_on_the_cpu_counts_operators_and_no_device_rows():
+    """device="cpu": no CUDA activity and no final synchronize, on a machine with a GPU too."""
+    model = nn.Linear(8, 2)
+    x = torch.randn(4, 8)
+    found = profile_steps(lambda: model(x).sum().backward(), steps=3, warmup=1, device="cpu")
+    assert found.steps == 3 and found.aten_ops >= 3 and found.wall_s > 0
+    assert (found.launches, found.syncs, found.device_s) == (0, 0, 0.0)
+
+
+def test_op_counts_finds_the_item_a_gradscaler_step_calls():
+    """GradScaler.step reads whether any gradient was inf with .item(): once per step (on CUDA, a sync)."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    X, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaled = make_step(model, opt, X, y, autocast_dtype=torch.float16, scaler=torch.amp.GradScaler("cpu"))
+    assert op_counts(scaled, ["aten::item"], calls=3) == {"aten::item": 1.0}
+    assert op_counts(make_step(model, opt, X, y), ["aten::item", "aten::_to_copy"]) == {"aten::item": 0.0,
+                                                                                       "aten::_to_copy": 0.0}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: profile_steps(lambda: None, steps=0), "steps must be"),
+    (lambda: op_counts(lambda: None, []), "ops must name"),
+    (lambda: summarize_rows([], steps=0, wall_s=1.0), "steps must be"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_step_ending_in_item_has_a_sync_row_and_launches():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+    x = torch.randn(32, 64, device="cuda")
+    queued = profile_steps(lambda: model(x).sum(), steps=5)
+    read = profile_steps(lambda: model(x).sum().item(), steps=5)
+    on_cpu = profile_steps(lambda: nn.Linear(4, 2)(torch.randn(3, 4)).sum(), steps=2, device="cpu")
+    assert (on_cpu.launches, on_cpu.syncs, on_cpu.device_s) == (0, 0, 0.0)      # what chapter 5 claims on any machine
+    assert queued.launches >= 5 * 3 and queued.device_s > 0
+    assert read.syncs >= 5 > queued.syncs

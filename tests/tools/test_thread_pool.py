@@ -1,4 +1,5 @@
-"""ptlab.thread_pool: step times in a fresh process per thread count and wait policy, quiet and beside a busy process."""
+"""ptlab.thread_pool: step times in a fresh process per thread count and wait policy, quiet and beside a busy
+process."""
 import os
 import time
 

@@ -89,6 +89,17 @@ def test_the_loaders_pin_memory_exactly_when_asked(tmp_path, monkeypatch):
         assert train.loader.pin_memory is pin and not val.pin_memory and not test.pin_memory
 
 
+def test_workers_beside_a_process_group_never_fork():
+    """DDP's docstring: with nccl and DataLoader workers, use forkserver or spawn; one process keeps the default."""
+    from ptlab.distributed import default_start_method
+
+    args = build_parser().parse_args([*SMALL, "--workers", "1"])
+    ranked = train_script.make_loaders(args, 1, 2)[0].loader
+    alone = train_script.make_loaders(args, 0, 1)[0].loader
+    assert ranked.multiprocessing_context.get_start_method() == default_start_method() != "fork"
+    assert alone.multiprocessing_context is None
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_on_gloo_dry_run(tmp_path):
     result = run_torchrun(["-m", "ptlab", "train", *SMALL], nproc=2, cwd=tmp_path, timeout_s=240, env=ON_CPU)
@@ -278,7 +289,8 @@ print(history.train_loss, history.train_acc)
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and nccl")
 def test_the_logged_curves_average_in_a_real_nccl_group():
-    """The end of every multi-GPU run (H200: it failed there): the curves' all-reduce on real nccl, one rank."""
+    """The curves' all-reduce at the end of a multi-GPU run, on real nccl (a one-rank group refused the CPU tensor
+    on an H200): the call with the rank's GPU."""
     import subprocess
     import sys
 

@@ -87,7 +87,8 @@ def test_plots_return_figures_and_leave_nothing_open() -> None:
     fig = plot_confusion_matrix(matrix, ["a", "b"])
     assert isinstance(fig, matplotlib.figure.Figure)
     images = {3: torch.zeros(3, 8, 8, dtype=torch.uint8), 5: torch.rand(3, 8, 8)}
-    grid = plot_misclassified(images, [3, 5], torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long), ["a", "b"])
+    grid = plot_misclassified(images, [3, 5], torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long),
+                              ["a", "b"])
     assert isinstance(grid, matplotlib.figure.Figure)
     assert plt.get_fignums() == before
     with pytest.raises(ValueError, match="class names"):
@@ -170,7 +171,8 @@ def test_label_smoothing_floor_is_the_entropy_of_the_smoothed_target_and_torchs_
     assert floor == pytest.approx(-(0.91 * math.log(0.91) + 9 * 0.01 * math.log(0.01)))
     assert 0.50 < floor < 0.501
     best = torch.tensor([[0.91] + [0.01] * 9]).log()
-    assert nn.functional.cross_entropy(best, torch.tensor([0]), label_smoothing=0.1).item() == pytest.approx(floor, rel=1e-5)
+    assert nn.functional.cross_entropy(best, torch.tensor([0]),
+                                       label_smoothing=0.1).item() == pytest.approx(floor, rel=1e-5)
     assert label_smoothing_floor(10, 0.0) == 0.0 and label_smoothing_floor(4, 1.0) == pytest.approx(math.log(4))
     with pytest.raises(ValueError, match="smoothing"):
         label_smoothing_floor(10, 1.5)

@@ -1,14 +1,14 @@
 """Chapter 2 exercises: find a layer that does not train and fix it, keep a loss term in the graph, clip a step."""
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 import torch
 from torch import nn
 
 from ptlab.course.exercises import NotAttempted, Wrong, exercise
-from ptlab.lessons.ch01_tensors.exercises import calls_answer
+from ptlab.lessons.ch01_tensors.exercises import answer_digest, calls_answer
+from ptlab.lessons.ch02_autograd.exercise_figures import FIGURES
 
 
 def hard_gate(logits: torch.Tensor) -> torch.Tensor:
@@ -47,8 +47,8 @@ def gated_model_and_batch(seed: int = 0, gate_fn: Callable[[torch.Tensor], torch
     task="find which layer of gated_model_and_batch()'s model never trains, and write soft_gate(logits), "
          "a replacement for hard_gate that also goes from 0 (shut) to 1 (open) but lets that layer train: "
          "answer (module name, soft_gate)",
-    hint="read forward and hard_gate: a comparison returns bools, and no gradient flows back through a "
-         "bool. A replacement that goes smoothly from 0 to 1 as its input grows has a gradient everywhere",
+    hint="read forward and hard_gate, and ask of each op between a layer and the loss: does its result change "
+         "when that layer's weights change a little? Where it cannot, no usable gradient reaches the layer",
 )
 def check_why_no_training(answer) -> None:
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], str)):
@@ -59,7 +59,7 @@ def check_why_no_training(answer) -> None:
     modules = [name for name, _ in GatedRegressor().named_children()]
     if module not in modules:
         raise Wrong(f"{module!r} is not a layer of the model; its layers are {', '.join(modules)}.")
-    if module != "gate":
+    if answer_digest(module) != FIGURES["ch2-why-no-training"]["layer"]:
         raise Wrong(f"{module!r} does get a gradient: follow each layer's output to the loss, and find the "
                     "one that passes through an op whose result is not a float.")
     logits = torch.linspace(-10.0, 10.0, 41, requires_grad=True)
@@ -85,20 +85,25 @@ def check_why_no_training(answer) -> None:
         raise Wrong("with your function in the model, the gate layer still gets no usable gradient.")
 
 
+def _penalty_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+
+
 @exercise(
     id="ch2-penalty-in-graph", chapter=2,
-    task="write weight_penalty(model) returning the sum of squared weights of every parameter as a "
-         "tensor that stays in the graph",
+    task="write weight_penalty(model) returning the sum of the squared values of every parameter (weights and "
+         "biases alike) as a tensor that stays in the graph",
     hint="a Python number (from .item(), float() or torch.tensor(...)) carries no graph; combine the "
          "parameters with tensor operations only, and keep every partial result a tensor",
 )
 def check_penalty_in_graph(weight_penalty) -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    model = _penalty_model()
     penalty = calls_answer(weight_penalty, model)
     if not isinstance(penalty, torch.Tensor):
         raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
-    expected = sum(p.detach().pow(2).sum() for p in model.parameters())
+    _refuse_a_graph_that_misses_parameters(penalty, model)
+    expected = torch.tensor(FIGURES["ch2-penalty-in-graph"]["penalty"])
     if penalty.numel() != 1 or not torch.allclose(penalty.detach().reshape(()), expected):
         shown = ", ".join(f"{v:.4f}" for v in penalty.detach().flatten()[:3].tolist())
         raise Wrong(f"the value is {shown}, expected {expected.item():.4f}.")
@@ -106,16 +111,36 @@ def check_penalty_in_graph(weight_penalty) -> None:
         raise Wrong("the value is right but it has no grad_fn: the penalty cannot train anything.")
     grads = torch.autograd.grad(penalty.reshape(()), list(model.parameters()), allow_unused=True)
     if any(g is None or not torch.allclose(g, 2 * p.detach()) for g, p in zip(grads, model.parameters())):
-        raise Wrong("the gradient of sum(w^2) should be 2w for every parameter, biases included.")
+        raise Wrong("the value is right, but the gradient of sum(w^2) with respect to each parameter w is 2w, "
+                    "and yours is not: is part of a square detached, or made from a number?")
 
 
-def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tensor, y: torch.Tensor,
-                    max_norm: float) -> float:
-    opt.zero_grad()
-    nn.functional.mse_loss(model(X), y).backward()
-    norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    opt.step()
-    return norm.item()
+def _refuse_a_graph_that_misses_parameters(penalty: torch.Tensor, model: nn.Module) -> None:
+    """Wrong, with the hint for the mistake, when a penalty in a graph gives some parameter no gradient."""
+    if penalty.numel() != 1 or not penalty.requires_grad:
+        return                                 # the value and grad_fn checks after this one say what is wrong
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(penalty.reshape(()), list(named.values()), allow_unused=True, retain_graph=True)
+    missed = [name for name, grad in zip(named, grads) if grad is None]
+    if len(missed) == len(named):
+        made = "it is a new leaf" if penalty.is_leaf else "its graph starts from a new leaf"
+        raise Wrong(f"no parameter gets a gradient from your penalty: {made}, not computed from the parameters.",
+                    hint="requires_grad=True on a tensor made from numbers starts a new graph that no parameter is "
+                         "in; compute the penalty from the parameter tensors themselves, with tensor operations")
+    if missed:
+        raise Wrong(f"{', '.join(missed)} get no gradient from your penalty: it leaves them out.",
+                    hint="model.parameters() gives every tensor the optimizer trains, the biases included, and "
+                         "the penalty is over all of them")
+
+
+def _clipping_problem() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    """The check's model (Linear(3, 1)), its SGD optimizer (lr 0.1) and batch, seeded; max_norm is 1.0."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    X = 10 * torch.randn(16, 3, generator=g)               # large inputs: the raw gradient norm is far above 1
+    y = torch.randn(16, 1, generator=g)
+    model = nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), X, y
 
 
 @exercise(
@@ -126,17 +151,11 @@ def _reference_step(model: nn.Module, opt: torch.optim.Optimizer, X: torch.Tenso
          "them yet; the clipping function already tells you the norm it saw",
 )
 def check_clipped_step(clipped_step) -> None:
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    X = 10 * torch.randn(16, 3, generator=g)               # large inputs: the raw gradient norm is far above 1
-    y = torch.randn(16, 1, generator=g)
-    theirs = nn.Linear(3, 1)
-    ours = copy.deepcopy(theirs)
-    opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.1)
-    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.1)
+    theirs, opt_theirs, X, y = _clipping_problem()
+    figures = FIGURES["ch2-clipped-step"]
     for step in range(3):
         got = calls_answer(clipped_step, theirs, opt_theirs, X, y, 1.0)
-        want = _reference_step(ours, opt_ours, X, y, 1.0)
+        want = figures["norms before clipping"][step]
         if isinstance(got, torch.Tensor):
             raise Wrong("you returned a tensor; the task asks for a Python float: turn the norm into a number.")
         if not isinstance(got, float):
@@ -147,7 +166,7 @@ def check_clipped_step(clipped_step) -> None:
             if step > 0 and got > want:
                 raise Wrong(f"step {step + 1}: norm {got:.4g}, expected {want:.4g}: do gradients pile up (zero_grad)?")
             raise Wrong(f"step {step + 1}: norm {got:.4g}, expected {want:.4g}.")
-        for p_theirs, p_ours in zip(theirs.parameters(), ours.parameters()):
-            if not torch.allclose(p_theirs, p_ours, atol=1e-5):
-                raise Wrong(f"after step {step + 1} the weights differ from a clipped SGD step: "
-                            "clip after backward() and before opt.step().")
+        weights = torch.cat([p.detach().flatten() for p in theirs.parameters()])   # weight (1, 3), then bias
+        if not torch.allclose(weights, torch.tensor(figures["weights after each step"][step]), atol=1e-5):
+            raise Wrong(f"after step {step + 1} the weights differ from a clipped SGD step: "
+                        "clip after backward() and before opt.step().")

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.lessons.ch06_amp.exercise_figures import FIGURES
 
 _STALE = 1e6          # a gradient left in .grad before the first step, as an earlier iteration leaves one
 _SCALE = 256.0        # the check's scaler starts here and doubles after every clean step (growth_interval=1)
@@ -35,22 +36,6 @@ def _batches(X, y):
     return [(X, y), (100 * X, 100 * y), (X, y)]
 
 
-def _step(model, opt, scaler, X, y, max_norm, zero_grad=True, unscale=True, clip=True):
-    """A correct step, or one with a known mistake (for the diagnosis)."""
-    if zero_grad:
-        opt.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
-        loss = nn.functional.mse_loss(model(X).float(), y)
-    scaler.scale(loss).backward()
-    if unscale:
-        scaler.unscale_(opt)
-    if clip:
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    scaler.step(opt)
-    scaler.update()
-    return loss
-
-
 # What a GradScaler error means, by the words of its message.
 _SCALER_ERRORS = [
     ("since the last update()", "scaler.update() is missing: after scaler.step(opt), call scaler.update() once in "
@@ -67,12 +52,13 @@ _SCALER_ERRORS = [
                                            "enough (scaler.step does not unscale again)."),
 ]
 
+# The typical mistakes, by the name their stored weights have in FIGURES.
 _MISTAKES = [
-    (dict(zero_grad=False), "the weights moved as if a gradient left in .grad from before your step were still "
-                            "there (the check leaves one, as an earlier iteration would): what clears .grad?"),
-    (dict(unscale=False), "clip_grad_norm_ measured the scaled gradients, so the update came out about scale "
-                          "times too small: in what units are the gradients right after backward?"),
-    (dict(clip=False), "the update was not clipped to max_norm."),
+    ("without zero_grad", "the weights moved as if a gradient left in .grad from before your step were still "
+                          "there (the check leaves one, as an earlier iteration would): what clears .grad?"),
+    ("without unscale_", "clip_grad_norm_ measured the scaled gradients, so the update came out about scale "
+                         "times too small: in what units are the gradients right after backward?"),
+    ("without clipping", "the update was not clipped to max_norm."),
 ]
 
 
@@ -86,7 +72,7 @@ _MISTAKES = [
 )
 def check_amp_step(amp_step) -> None:
     model, opt, scaler, X, y = _setup()
-    reference, ref_opt, ref_scaler, _, _ = _setup()
+    figures = FIGURES["ch6-amp-step"]
     seen = []                                              # (autocast on?, its dtype) at each forward
     model.register_forward_pre_hook(
         lambda *_: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))))
@@ -99,21 +85,21 @@ def check_amp_step(amp_step) -> None:
             if meaning is None:
                 raise
             raise Wrong(f"step {step + 1} raised {type(err).__name__}: {err} That means: {meaning}") from None
-        ref_loss = _step(reference, ref_opt, ref_scaler, X_step, y_step, 1.0)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise Wrong(f"return the loss as a one-element tensor, not {type(loss).__name__}.")
         if step == 0:
-            _check_first_step(loss.item(), ref_loss.item(), seen)
+            _check_first_step(loss.item(), figures["loss at step 1"], seen)
         if step == 1 and not all(torch.equal(b, p) for b, p in zip(before, model.parameters())):
             raise Wrong("the check's second batch makes the float16 gradients overflow to inf, and your step still "
                         "changed the weights: which call skips a step whose gradients hold inf or NaN?")
-        if not _same_weights(model, reference):
+        if not _same_weights(model, figures["weights after each step"][step]):
             raise Wrong(_diagnose(model, step + 1))
-        if scaler.get_scale() == scale_before != ref_scaler.get_scale():
+        expected_scale = figures["scale after each step"][step]
+        if scaler.get_scale() == scale_before != expected_scale:
             raise Wrong(f"the scale stayed {scale_before} through step {step + 1}: scaler.update() is missing (only "
                         "update() changes the scale; call it once after scaler.step(opt)).")
-        if scaler.get_scale() != ref_scaler.get_scale():
-            raise Wrong(f"after step {step + 1} the scale is {scaler.get_scale()}, expected {ref_scaler.get_scale()}: "
+        if scaler.get_scale() != expected_scale:
+            raise Wrong(f"after step {step + 1} the scale is {scaler.get_scale()}, expected {expected_scale}: "
                         "is scaler.update() called exactly once per step?")
 
 
@@ -133,23 +119,23 @@ def _check_first_step(loss: float, expected: float, seen: list) -> None:
                     f"{expected:.4g}: the task asks for F.mse_loss(model(X), y).")
 
 
-def _same_weights(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.allclose(p, q, rtol=1e-3, atol=1e-5) for p, q in zip(a.parameters(), b.parameters()))
+def _weights(model: nn.Module) -> torch.Tensor:
+    """The model's parameters in one vector: the weight (1, 8), then the bias."""
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _same_weights(model: nn.Module, stored: list[float]) -> bool:
+    return torch.allclose(_weights(model), torch.tensor(stored), rtol=1e-3, atol=1e-5)
 
 
 def _diagnose(model: nn.Module, steps: int) -> str:
     """Name the mistake whose first `steps` steps give the learner's weights; else say how far they are."""
+    figures = FIGURES["ch6-amp-step"]
     for mistake, message in _MISTAKES:
-        wrong, opt, scaler, X, y = _setup()
-        for X_step, y_step in _batches(X, y)[:steps]:
-            _step(wrong, opt, scaler, X_step, y_step, 1.0, **mistake)
-        if _same_weights(model, wrong):
+        if _same_weights(model, figures[f"weights after each step {mistake}"][steps - 1]):
             return message
-    reference, opt, scaler, X, y = _setup()
-    for X_step, y_step in _batches(X, y)[:steps]:
-        _step(reference, opt, scaler, X_step, y_step, 1.0)
-    moved = max((p.detach() - q.detach()).abs().max().item() for p, q in zip(model.parameters(),
-                                                                           reference.parameters()))
+    right = torch.tensor(figures["weights after each step"][steps - 1])
+    moved = (_weights(model) - right).abs().max().item()
     return (f"after step {steps} the weights differ from a correct step's by up to {moved:.3g}, and they match none "
             "of the usual mistakes the check knows: compare your order of calls with the chapter's GradScaler section.")
 

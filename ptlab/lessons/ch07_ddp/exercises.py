@@ -1,11 +1,13 @@
 """Chapter 7 exercises: the shard each rank gets from DistributedSampler, and the cost of a ring all-reduce."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 from torch.utils.data import DistributedSampler
 
 from ptlab.course.exercises import Wrong, calls_stub, exercise
+from ptlab.lessons.ch07_ddp.exercise_figures import FIGURES
 
 
 @exercise(
@@ -14,7 +16,7 @@ from ptlab.course.exercises import Wrong, calls_stub, exercise
          "`rank` for a dataset of n items, padded when drop_last is False and trimmed when it is True",
     hint="every rank must get the same number of indices. When n does not divide by world_size, which indices "
          "fill the gap (drop_last=False), and which are left out (drop_last=True)? Then, which positions of "
-         "that list belong to `rank`? Try n=11 on 2 ranks by hand first",
+         "that list belong to `rank`? Try n=10 on 4 ranks by hand first (the chapter printed n=11 on 2)",
 )
 def check_shard_indices(shard) -> None:
     cases = [(10, 2, False), (11, 2, False), (11, 2, True), (10, 4, False), (10, 4, True), (3, 4, False),
@@ -23,15 +25,44 @@ def check_shard_indices(shard) -> None:
         for rank in range(world):
             expected = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
                                                drop_last=drop_last))
-            got = calls_stub(shard, n, world, rank, drop_last)
+            with _sampler_refused():
+                got = calls_stub(shard, n, world, rank, drop_last)
             try:
                 got = [int(i) for i in got]
             except TypeError:
                 raise Wrong(f"return a list of ints, got {type(got).__name__}") from None
-            if got != expected:
-                counts = "" if len(got) == len(expected) else f" ({len(got)} indices where {len(expected)} are due)"
-                raise Wrong(f"shard({n}, {world}, {rank}, drop_last={drop_last}) returned {got}{counts}; "
-                            f"DistributedSampler gives {expected}")
+            if got != expected:                            # say where, not what: the list is the exercise
+                if len(got) != len(expected):
+                    where = f" ({len(got)} indices where {len(expected)} are due)"
+                else:
+                    first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+                    where = f" (the count is right; position {first} holds another index than DistributedSampler's)"
+                raise Wrong(f"shard({n}, {world}, {rank}, drop_last={drop_last}) returned {got}{where}")
+
+
+class _UsedTheSampler(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _sampler_refused():
+    """While the learner's shard() runs, iterating a DistributedSampler raises: the task is to compute the indices."""
+    def refuse(self):
+        raise _UsedTheSampler
+
+    original = DistributedSampler.__iter__
+    DistributedSampler.__iter__ = refuse
+    try:
+        yield
+    except _UsedTheSampler:
+        raise Wrong("shard iterates a DistributedSampler, the very class it is compared with: compute the indices "
+                    "yourself, from n, world_size, rank and drop_last") from None
+    finally:
+        DistributedSampler.__iter__ = original
+
+
+# (n_bytes, world_size, bytes_per_second) the check asks about; the seconds it expects are stored figures.
+RING_CASES = ((1e9, 2, 1e9), (4e8, 4, 2e9), (1e6, 8, 1e10), (5e7, 1, 1e9), (3e8, 3, 1e9))
 
 
 @exercise(
@@ -42,8 +73,8 @@ def check_shard_indices(shard) -> None:
          "sends while the chunks are summed around the ring, and how many more while the sums go round again",
 )
 def check_ring_allreduce_seconds(allreduce_seconds) -> None:
-    for n_bytes, world, bandwidth in ((1e9, 2, 1e9), (4e8, 4, 2e9), (1e6, 8, 1e10), (5e7, 1, 1e9), (3e8, 3, 1e9)):
-        expected = 2 * (world - 1) / world * n_bytes / bandwidth
+    cases = zip(RING_CASES, FIGURES["ch7-ring-allreduce-seconds"]["seconds"], strict=True)
+    for (n_bytes, world, bandwidth), expected in cases:
         got = calls_stub(allreduce_seconds, n_bytes, world, bandwidth)
         if not isinstance(got, (int, float)):
             raise Wrong(f"return a number of seconds, got {type(got).__name__}")

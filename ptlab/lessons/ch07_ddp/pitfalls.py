@@ -112,7 +112,7 @@ def saved_wrapper_state_dict(buggy: bool, in_rank: bool = False, folder: str = "
     try:
         _mlp().load_state_dict(state)
         error = "none"
-    except RuntimeError as err:                            # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
+    except RuntimeError as err:  # '...Unexpected key(s) in state_dict: "module.0.weight", ...'
         error = next(line for line in str(err).splitlines() if "Unexpected" in line).strip().split(",")[0] + ", ..."
     prefixed = sum(key.startswith("module.") for key in state)
     return Outcome(
@@ -170,12 +170,14 @@ def every_rank_writes_the_log(buggy: bool, in_rank: bool = False, folder: str = 
 @pitfall(
     id="ddp-forward-on-one-rank", chapter=7,
     title="A forward through the DDP model on rank 0 only (to profile or to log a prediction) puts the ranks' "
-          "collectives out of step: with BatchNorm the job hangs until the timeout",
-    symptom="with BatchNorm in the model, both ranks wait until the process group's timeout (2 s here, 30 "
-            "minutes by default) and the job ends with gloo's timeout error",
+          "collectives out of step: a forward with gradients through a BatchNorm model hangs the job",
+    symptom="with BatchNorm in the model and a forward with gradients on rank 0 after each step, the ranks wait "
+            "until the process group's timeout (2 s here; by default 30 minutes for gloo, 10 for nccl) and a rank "
+            "ends with gloo's timeout error (its peer may report the closed connection instead)",
     why="""Every rank must issue the same collectives in the same order, and a forward through the DDP wrapper
-    issues some. At the start of the first forward, and of a forward that follows a forward run with gradients outside no_sync(), DDP broadcasts rank 0's
-    buffers (BatchNorm's running statistics) to the other ranks; and once per run, in the first forward with
+    issues some. At the start of the first forward, and of a forward that follows a forward run with gradients
+    outside no_sync(), DDP broadcasts rank 0's buffers (BatchNorm's running statistics) to the other ranks; and
+    once per run, in the first forward with
     gradients after the first backward, it broadcasts the order of its gradient buckets. An extra forward on
     rank 0 alone adds such a broadcast there, so rank 0 waits in a collective the other rank never starts,
     and both wait until the timeout. Without buffers the extra forward hangs only if it carries the once-per-run
@@ -290,9 +292,9 @@ def ddp_unused_parameter(buggy: bool, in_rank: bool = False):
     only when the shards have equal sizes. When the size does not divide by the world size, the sampler pads the
     last round with the first indices (drop_last=False, the default), and the padded examples count at least twice
     even after the all-reduce (64 divides by 2 here, so no example is repeated).""",
-    catch="""Count on every rank, then add the counts before dividing: counts = torch.tensor([correct, total], device=device)
-    (on the rank's GPU under nccl);
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM), on every rank since it is a collective; then rank 0 prints
+    catch="""Count on every rank, then add the counts before dividing: counts = torch.tensor([correct, total],
+    device=device) (on the rank's GPU under nccl); dist.all_reduce(counts, op=dist.ReduceOp.SUM), on every rank
+    since it is a collective; then rank 0 prints
     counts[0] / counts[1]. Check that the total equals len(val_set): a larger one means padding was counted
     (evaluate unpadded slices, or the whole set on rank 0 with model.module while the others wait at a barrier).""",
 )
@@ -338,9 +340,10 @@ def metric_on_rank_zero_only(buggy: bool, in_rank: bool = False):
     adding gives the same gradient as adding first and averaging once, up to float rounding. Inside
     `with model.no_sync():` DDP skips the all-reduce and .grad accumulates on each rank alone; the first
     backward outside it all-reduces the sum. The forward must run inside no_sync() too: DDP prepares the
-    reduction of the coming backward in forward. The hook here is called once per bucket and synchronising backward (never under no_sync); the
-    model's 195 floats (780 bytes) make a single bucket (buckets hold up to 25 MiB by default, bucket_cap_mb; the first up to 1 MiB),
-    so one call is one all-reduce of every gradient. A large model has many buckets, each all-reduced k times.""",
+    reduction of the coming backward in forward. The hook here is called once per bucket and synchronising
+    backward (never under no_sync); the model's 195 floats make a single bucket (buckets hold up to 25 MiB by
+    default, bucket_cap_mb; the first up to 1 MiB), so one call is one all-reduce of every gradient. A large
+    model has many buckets, each all-reduced k times.""",
     catch="""Run the forward and backward of the first k-1 micro-batches under `with model.no_sync():` and the
     last one outside it, then step. To see what DDP sends, register a communication hook that counts each
     call and then calls torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook (DDP's

@@ -250,7 +250,8 @@ def seeded_ranks(seed: int = 0) -> dict[str, Any]:
 
 def late_rank(late_rank: int = 1, barrier_timeout_s: float = 1.0) -> tuple[str, float]:
     """Every rank but `late_rank` enters monitored_barrier with `barrier_timeout_s`; `late_rank` sleeps twice
-    that and never enters the barrier. Returns (the first line of the barrier's error, or a note; the seconds this rank waited)."""
+    that and never enters the barrier. Returns (the first line of the barrier's error, or a note; the seconds
+    this rank waited)."""
     import datetime
     import time
 
@@ -270,11 +271,15 @@ def train_with_unused_head(static_graph: bool = True, steps: int = 3,
     """Train WithAuxHead under DDP(static_graph=True), or DDP(find_unused_parameters=True) if static_graph is False.
 
     Forward uses the aux head at the steps (1-based) listed in `aux_steps` only. Returns the step at which the
-    first RuntimeError was raised (0: none), in "forward" or "backward", its first line, and the weights then.
+    first RuntimeError was raised (0: none), in "forward" or "backward", its first line, the weights then, and
+    for each step that completed the (bucket index, floats) of every bucket all-reduce (counted_allreduce).
     """
     options = {"static_graph": True} if static_graph else {"find_unused_parameters": True}
     model = DDP(WithAuxHead(), **options)
+    calls: list = []                                       # (bucket index, floats) of every all-reduce, by step
+    model.register_comm_hook(calls, counted_allreduce)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    per_step = []
     X, y = _data(8 * steps, seed=dist.get_rank())          # each rank its own batches
     step, phase, error = 0, "", "none"
     for i in range(steps):
@@ -289,5 +294,43 @@ def train_with_unused_head(static_graph: bool = True, steps: int = 3,
             step, error = i + 1, str(err).splitlines()[0]
             break
         optimizer.step()
-    return {"step": step, "phase": phase if step else "", "error": error,
+        per_step.append(calls[:])
+        calls.clear()
+    return {"step": step, "phase": phase if step else "", "error": error, "allreduces": per_step,
             "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
+
+
+def stop_together(stop_rank: int = 1, stop_after: int = 2, steps: int = 4) -> dict[str, Any]:
+    """DDP training in which rank `stop_rank` alone decides to stop after `stop_after` steps (an early-stopping rule
+    on its own numbers, say). Before each step the ranks all_reduce that decision (MAX: if any rank stops, all do).
+    Returns the steps this rank ran and its weights."""
+    model = DDP(rank_mlp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    X, y = _data(8 * steps, seed=dist.get_rank())
+    done = 0
+    for step in range(steps):
+        stop = torch.tensor([float(dist.get_rank() == stop_rank and step == stop_after)])   # this rank's own call
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)        # one decision for every rank
+        if stop.item():
+            break
+        loss = nn.functional.cross_entropy(model(X[step * 8:(step + 1) * 8]), y[step * 8:(step + 1) * 8])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        done += 1
+    return {"steps": done, "weights": torch.cat([p.detach().flatten() for p in model.parameters()])}
+
+
+def sync_batchnorm_on_cpu() -> dict[str, str]:
+    """Convert a small BatchNorm model to SyncBatchNorm on the CPU, then wrap it in DDP and run it in training
+    mode; returns the first line of each error ("none" where nothing was raised)."""
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(
+        nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 3)))
+    errors = {}
+    for name, attempt in (("DDP(model)", lambda: DDP(model)), ("forward", lambda: model.train()(torch.randn(4, 8)))):
+        try:
+            attempt()
+            errors[name] = "none"
+        except ValueError as err:
+            errors[name] = f"ValueError: {str(err).splitlines()[0]}"
+    return errors

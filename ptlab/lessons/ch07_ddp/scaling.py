@@ -18,7 +18,8 @@ def time_training(global_batch: int = 64, steps: int = 4, width: int = 16) -> di
     """In each rank: wall and CPU seconds per DDP step, seconds per compute-only step and per all-reduce.
 
     A compute-only step runs under model.no_sync(): no gradient all-reduce, but its forward still broadcasts
-    the BatchNorm buffers of SmallCNN, as the first forward and every forward after one run with gradients outside no_sync() do.
+    the BatchNorm buffers of SmallCNN, as the first forward and every forward after one run with gradients
+    outside no_sync() do.
     """
     world = dist.get_world_size()
     torch.manual_seed(0)

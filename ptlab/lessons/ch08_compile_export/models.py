@@ -14,7 +14,7 @@ def make_mlp(in_features: int = 64, hidden: int = 256, num_classes: int = 10) ->
 
 
 class TinyTransformerBlock(nn.Module):
-    """Pre-norm causal self-attention and an MLP, written with plain ops so that it exports anywhere."""
+    """Pre-norm causal self-attention (F.scaled_dot_product_attention) and an MLP: (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int = 32, heads: int = 4) -> None:
         super().__init__()

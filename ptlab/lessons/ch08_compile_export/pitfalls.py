@@ -42,7 +42,8 @@ class Excerpt(str):
     why="""`trace` runs the model on the example and records the tensor ops that ran. `x.shape[0] > 16` was
     False for the example batch, so only that branch is in the trace; at batch 32 it still runs it. The
     only sign comes at trace time: a TracerWarning for each run of the model that trace makes (the trace
-    itself and its check run, so 2 here); nothing is raised or warned when the traced model runs (the table counts both). TorchScript itself
+    itself and its check run, so 2 here); nothing is raised or warned when the traced model runs \
+(the table counts both). TorchScript itself
     is deprecated in this torch version.""",
     catch="""Use torch.compile (it guards on the shape and re-traces when the branch flips) or torch.export
     (it refuses or asks for a constraint). Compare outputs with eager at several batch sizes, and turn
@@ -168,7 +169,8 @@ def graph_break_item(buggy: bool) -> Outcome:
                  "fullgraph=True raises": fullgraph_error(forward, x) or "nothing"},
         checks=[Check("graph breaks", breaks.break_count, "== 1"),
                 Check("graphs compiled", breaks.graph_count, "== 2"),
-                Check("first break reason", breaks.reasons[0] if breaks.reasons else "none", "contains 'Tensor.item()'")],
+                Check("first break reason", breaks.reasons[0] if breaks.reasons else "none",
+                      "contains 'Tensor.item()'")],
     )
 
 
@@ -183,11 +185,13 @@ def relu_projection(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     why="""Dynamo specialises a graph to the input shapes it saw and guards on them; a new batch size fails the
     guard and compiles again. It keeps at most `recompile_limit` (8) graphs per function; past that it logs
     a warning ('torch._dynamo hit config.recompile_limit (8)') and runs inputs that no kept graph accepts
-    in eager mode. `dynamic=False` forbids a symbolic batch size. By default (`dynamic=None`) Dynamo makes
+    in eager mode. `dynamic=False` makes no dim symbolic on its own (a dim marked with
+    `torch._dynamo.mark_dynamic` still becomes one). By default (`dynamic=None`) Dynamo makes
     a dim symbolic after it changes once, so it costs 2 compiles, not 1. The time in the table is tracing
     with a counting backend (no Inductor): with Inductor every graph also costs a C++ build.""",
-    catch="""Mark the varying dims dynamic (`dynamic=True`, or `torch._dynamo.mark_dynamic(x, 0)`), or keep
-    batch sizes fixed (`drop_last=True`, padding). `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
+    catch="""Mark the varying dims dynamic (`dynamic=True`, or `torch._dynamo.mark_dynamic(x, 0)`), though a batch
+    of 1 still gets a graph of its own, since Dynamo specialises dims of size 0 and 1; or keep batch sizes
+    fixed (`drop_last=True`, padding). `TORCH_LOGS="recompiles"` prints each recompile's reason.""",
 )
 def recompile_every_batch_size(buggy: bool) -> Outcome:
     generator = torch.Generator().manual_seed(0)
@@ -223,7 +227,8 @@ def _plain_classifier() -> nn.Sequential:
     differ, which is enough for a strict `load_state_dict` on a plain model to refuse the file, and for
     `strict=False` to load none of it.""",
     catch="""Save the model you compiled, not the wrapper: `model.state_dict()` (keep a reference to it) or
-    `compiled._orig_mod.state_dict()`. For files already saved,
+    `compiled._orig_mod.state_dict()`; or compile in place with `model.compile()`, which adds no wrapper and no
+    prefix. For files already saved,
     `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "_orig_mod.")` strips the prefix.
     Keep `strict=True`, so a mismatch raises instead of loading nothing.""",
 )
