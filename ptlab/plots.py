@@ -18,7 +18,8 @@ BUGGY_COLOUR = "#c0392b"
 FIXED_COLOUR = "#27ae60"
 
 
-def plot_series(outcomes: dict[str, HasSeries], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
+def plot_series(outcomes: dict[str, HasSeries], title: str = "",
+                size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
     """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
     from matplotlib.ticker import MaxNLocator
 
@@ -91,7 +92,8 @@ def image_grid(images, titles: list[str] | None = None, columns: int = 8, size: 
     yourself before calling, since a wrong mean or std would be hidden by the clip.
     """
     if getattr(images, "ndim", None) != 4 or images.shape[1] != 3 or len(images) == 0:
-        raise ValueError(f"images must be a non-empty (B, 3, H, W) batch, got shape {tuple(getattr(images, 'shape', ()))}")
+        shape = tuple(getattr(images, "shape", ()))
+        raise ValueError(f"images must be a non-empty (B, 3, H, W) batch, got shape {shape}")
     if titles is not None and len(titles) != len(images):
         raise ValueError(f"titles must give one title per image: {len(titles)} titles for {len(images)} images")
     if not isinstance(columns, int) or columns < 1:

@@ -61,7 +61,8 @@ class PitfallWidget(widgets.VBox):
         self.bug_toggle = widgets.Checkbox(value=True, description="bug on", indent=False)
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
         # Saved with the notebook, this text is what a learner sees before the cell runs in a live kernel.
-        self.status = widgets.Label(value="press Run (nothing happens? run this cell first: the widget needs a live kernel)")
+        self.status = widgets.Label(
+            value="press Run (nothing happens? run this cell first: the widget needs a live kernel)")
         self.output = widgets.Output()
         self.last_outcome = None
         self.outcomes: dict[str, object] = {}  # the latest run of each mode, plotted together
@@ -72,7 +73,8 @@ class PitfallWidget(widgets.VBox):
             f"<span style='color:#888'>[{record.id}, chapter {record.chapter}]</span></div>")
         explanation = widgets.HTML(
             f"<div style='line-height:1.4;margin-top:4px'><b>Why:</b> {prose_html(record.why)}</div>"
-            f"<div style='line-height:1.4;margin-top:4px'><b>Catch it in your code:</b> {prose_html(record.catch)}</div>")
+            f"<div style='line-height:1.4;margin-top:4px'><b>Catch it in your code:</b> {prose_html(record.catch)}"
+            "</div>")
         controls = widgets.HBox([self.bug_toggle, self.run_button, self.status])
         super().__init__([header, widgets.HTML(code_html(record)), controls, self.output, explanation])
         self.add_class("ptlab-pitfall")
