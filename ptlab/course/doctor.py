@@ -159,12 +159,12 @@ print(f"{{time.perf_counter() - start:.1f}}")
 """
 
 
-# What a first run on a 2-core machine waits for, said before each wait (measured cold, with an empty Inductor
-# cache, on 2 shared cores: 15 s for the one-line compile, 45 s for the ladder; warm: 7 s and 10 s).
+# What a first run on a 2-core machine waits for, said before each wait. Measured with an empty Inductor cache on
+# 2 shared cores: the one-line compile 15 s, the ladder 27 s (quiet) to 45 s (other jobs running); warm, 6 and 10 s.
 BUILDING_HEADER = ("building Inductor's C++ header for this CPU and compiling a one-line function "
                    "(first run: about 15 s on 2 cores; later runs: a few seconds)...")
 BUILDING_LADDER = ("compiling chapter 8's training step, forward and backward, so that chapter 8 starts warm "
-                   "(first run: about 45 s on 2 cores; later runs: about 10 s)...")
+                   "(first run: 30-45 s on 2 cores; later runs: about 10 s)...")
 
 
 def _quiet(text: str) -> None:
