@@ -17,7 +17,7 @@ AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 	doctor lock catalogue clean gpu-check gpu-wheels
 
 help:
-	@echo "make lab            set up .venv and start JupyterLab on notebooks/"
+	@echo "make lab            set up .venv and start JupyterLab in the course folder, open at notebooks/"
 	@echo "make test           set up .venv, then the linter, unit tests, strict nbval and notebook hygiene"
 	@echo "make test-fast      the edit-test loop: the linter and the unit tests not marked slow (no notebooks)"
 	@echo "make lint           ruff on ptlab, tests, tools and the notebooks (pyproject.toml says which rules)"
@@ -53,8 +53,11 @@ setup: check-setup $(READY)
 # laptop busy with other programs makes a step wait less for a thread that lost its core (README).
 # Set OMP_WAIT_POLICY yourself to override it.
 OMP_WAIT_POLICY ?= PASSIVE
+# Rooted at the course folder, so docs/ (decisions.md) and README.md open in JupyterLab and a notebook's link to
+# ../docs/decisions.md resolves; the browser opens at notebooks/ (the file browser starts there).
+LAB_ARGS := --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
 lab: check-setup $(READY)
-	env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab --ServerApp.root_dir=notebooks --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab $(LAB_ARGS) --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 doctor: check-setup $(READY)
 	$(PY) -m ptlab doctor

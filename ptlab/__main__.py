@@ -9,33 +9,55 @@ from pathlib import Path
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .course.doctor import report, run_checks
+    print("ptlab doctor", flush=True)        # at once: importing torch takes seconds
+    from .course.doctor import check_lines, iter_checks, note_line, verdict
 
-    text, code = report(run_checks())
-    print(text)
+    checks = []
+    for check in iter_checks(say=lambda text: print(note_line(text), flush=True)):
+        checks.append(check)
+        print("\n".join(check_lines(check)), flush=True)
+    last, code = verdict(checks)
+    print(last)
     return code
 
 
-def _pitfalls(args: argparse.Namespace) -> int:
-    from .course.catalogue import catalogue_json, catalogue_text
-    from .course.pitfall_record import BUG_ON, FIXED, run_text
-    from .course.pitfalls import get_pitfall
+PITFALLS_RUN_USAGE = "usage: python -m ptlab pitfalls run ID [--fixed]   (for example: ID = missing-zero-grad)"
 
-    if args.action == "run":
-        if not args.id:
-            print("usage: python -m ptlab pitfalls run ID [--fixed]", file=sys.stderr)
+
+def _pitfalls(args: argparse.Namespace) -> int:
+    from .course.catalogue import catalogue_json, catalogue_text, lesson_text
+    from .course.pitfall_record import BUG_ON, FIXED, run_text
+    from .course.pitfalls import all_pitfalls, get_pitfall, nearest_ids
+
+    if args.action == "list":
+        if args.id:
+            print(f"`pitfalls list` takes no id (got {args.id!r}); to run it: python -m ptlab pitfalls run {args.id}",
+                  file=sys.stderr)
             return 2
-        try:
-            record = get_pitfall(args.id)
-        except KeyError as err:
-            print(err.args[0], file=sys.stderr)
-            return 2
-        label = FIXED if args.fixed else BUG_ON
-        print(f"{record.id} ({label}): {record.title}")
-        skipped = record.skipped_text()
-        print(skipped if skipped is not None else run_text({label: record.run(buggy=not args.fixed)}))
+        print(catalogue_json() if args.json else catalogue_text())
         return 0
-    print(catalogue_json() if args.json else catalogue_text())
+    if not args.id:                                   # `run` without an id: what there is, and how to run one
+        print(catalogue_text())
+        print(f"\npitfalls run: name the pitfall to run (an id from the list above)\n{PITFALLS_RUN_USAGE}",
+              file=sys.stderr)
+        return 2
+    try:
+        record = get_pitfall(args.id)
+    except KeyError:
+        nearest = nearest_ids(args.id)
+        guess = (f"did you mean: {', '.join(nearest)}?" if nearest
+                 else f"`python -m ptlab pitfalls list` shows all {len(all_pitfalls())}")
+        print(f"no pitfall with id {args.id!r}; {guess}\n{PITFALLS_RUN_USAGE}", file=sys.stderr)
+        return 2
+    label = FIXED if args.fixed else BUG_ON
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print(lesson_text(record, colour=colour), end="\n\n")
+    skipped = record.skipped_text()
+    if skipped is not None:
+        print(skipped)
+        return 0
+    print(f"Run ({label}{'' if args.fixed else '; add --fixed for the fixed code'}): {record.id}", flush=True)
+    print(run_text({label: record.run(buggy=not args.fixed)}))
     return 0
 
 
@@ -108,9 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="readiness report for this machine").set_defaults(func=_doctor)
-    p = sub.add_parser("pitfalls", help="the pitfall catalogue, or run one pitfall")
-    p.add_argument("action", nargs="?", choices=["list", "run"], default="list")
-    p.add_argument("id", nargs="?", help="pitfall id for `run`")
+    p = sub.add_parser("pitfalls", help="the pitfall catalogue, or run one pitfall",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  python -m ptlab pitfalls list\n  python -m ptlab pitfalls run "
+                              "missing-zero-grad\n  python -m ptlab pitfalls run missing-zero-grad --fixed")
+    p.add_argument("action", nargs="?", choices=["list", "run"], default="list",
+                   help="list: every pitfall, and whether `python -m ptlab watch` detects it; run: one pitfall's "
+                        "code, why, how to catch it, then its run")
+    p.add_argument("id", nargs="?", help="pitfall id for `run` (see `list`)")
     p.add_argument("--fixed", action="store_true", help="run the fixed code instead of the buggy one")
     p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
     p.set_defaults(func=_pitfalls)

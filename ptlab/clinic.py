@@ -25,6 +25,7 @@ from torch.nn.parameter import is_lazy
 from ptlab.claims import measured
 
 from .loop import model_device, to_device
+from .plots import notebook_figure
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,7 @@ class LRRangeResult:
 
     def plot(self):
         """Smoothed loss against learning rate on a log axis, with the suggested range shaded."""
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(6, 3.4), layout="constrained")
+        fig = notebook_figure(figsize=(6, 3.4), layout="constrained")
         ax = fig.subplots()
         ax.plot(self.lrs, self.losses, alpha=0.3, label="loss")
         ax.plot(self.lrs, self.smoothed, label="smoothed")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ptlab.claims import show
+from ptlab.plots import notebook_figure
 
 LOG_NAME = "runs.jsonl"
 
@@ -162,7 +163,6 @@ def compare_runs(runs: list[Run] | str | Path = "runs", sort_by: str | None = No
 
 def plot_runs(runs: list[Run] | str | Path = "runs", curve: str = "val_loss"):
     """One curve of every run on one axis, labelled by run name (a matplotlib Figure)."""
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     if not isinstance(runs, list):
@@ -171,7 +171,7 @@ def plot_runs(runs: list[Run] | str | Path = "runs", curve: str = "val_loss"):
     if not having:
         known = sorted({k for r in runs for k in r.curves})
         raise KeyError(f"no run has a {curve!r} curve; curves logged: {known}")
-    fig = Figure(figsize=(6, 3.4), layout="constrained")
+    fig = notebook_figure(figsize=(6, 3.4), layout="constrained")
     ax = fig.subplots()
     for r in having:
         values = [float(v) for v in r.curves[curve]]

@@ -1,7 +1,8 @@
 """Small matplotlib figures shared by the widgets and the notebooks."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:   # matplotlib itself is imported when a figure is drawn: a torchrun worker that imports
     from matplotlib.figure import Figure   # ptlab.train to train never pays its ~0.5 s import
@@ -17,16 +18,16 @@ BUGGY_COLOUR = "#c0392b"
 FIXED_COLOUR = "#27ae60"
 
 
-def plot_series(outcomes: dict[str, HasSeries], title: str = "", size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
+def plot_series(outcomes: dict[str, HasSeries], title: str = "",
+                size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
     """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     names = sorted({name for o in outcomes.values() for name in o.series})
     if not names:
         return None
     # A bare Figure, not pyplot: the inline backend never shows or closes it behind a widget's back.
-    fig = Figure(figsize=(size[0] * len(names), size[1]))
+    fig = notebook_figure(figsize=(size[0] * len(names), size[1]))
     axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         for label, outcome in outcomes.items():
@@ -43,6 +44,34 @@ def plot_series(outcomes: dict[str, HasSeries], title: str = "", size: tuple[flo
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+@functools.cache
+def _notebook_figure_class() -> type:
+    from matplotlib.figure import Figure
+
+    class NotebookFigure(Figure):
+        """A bare matplotlib Figure that a notebook draws as a PNG (show_figure) when a cell ends with it."""
+
+        def _ipython_display_(self) -> None:
+            # Without this, a Figure outside pyplot shows in a notebook only as '<Figure size 900x340 with 2 Axes>'.
+            show_figure(self)
+
+    NotebookFigure.__module__ = __name__      # pickled as ptlab.plots.NotebookFigure (module __getattr__ below)
+    NotebookFigure.__qualname__ = "NotebookFigure"
+    return NotebookFigure
+
+
+def notebook_figure(**kwargs: Any) -> Figure:
+    """A matplotlib Figure (Figure's keyword arguments), never held by pyplot, that a notebook displays as a PNG
+    when it is a cell's last value, whatever matplotlib backend the kernel has (or none)."""
+    return _notebook_figure_class()(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NotebookFigure":      # made on first use: importing ptlab.plots does not import matplotlib
+        return _notebook_figure_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def show_figure(fig: Figure) -> None:
@@ -63,16 +92,15 @@ def image_grid(images, titles: list[str] | None = None, columns: int = 8, size: 
     yourself before calling, since a wrong mean or std would be hidden by the clip.
     """
     if getattr(images, "ndim", None) != 4 or images.shape[1] != 3 or len(images) == 0:
-        raise ValueError(f"images must be a non-empty (B, 3, H, W) batch, got shape {tuple(getattr(images, 'shape', ()))}")
+        shape = tuple(getattr(images, "shape", ()))
+        raise ValueError(f"images must be a non-empty (B, 3, H, W) batch, got shape {shape}")
     if titles is not None and len(titles) != len(images):
         raise ValueError(f"titles must give one title per image: {len(titles)} titles for {len(images)} images")
     if not isinstance(columns, int) or columns < 1:
         raise ValueError(f"columns must be a positive int, got {columns!r}")
-    from matplotlib.figure import Figure
-
     rows = -(-len(images) // columns)
     cols = min(columns, len(images))
-    fig = Figure(figsize=(size * cols, size * rows + 0.25 * rows * (titles is not None)))
+    fig = notebook_figure(figsize=(size * cols, size * rows + 0.25 * rows * (titles is not None)))
     axes = fig.subplots(rows, cols, squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.axis("off")

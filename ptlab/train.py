@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode, unpack_batch
-from .plots import show_figure
+from .plots import notebook_figure, show_figure
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -45,14 +45,16 @@ class History:
         return asdict(self)
 
     def plot(self, title: str | None = None):
-        """Loss and accuracy curves, train and validation, as a bare matplotlib Figure (never held by pyplot)."""
-        from matplotlib.figure import Figure
+        """Loss and accuracy curves, train and validation, as a Figure never held by pyplot that a notebook draws
+        when a cell ends with it (ptlab.plots.notebook_figure)."""
+        from matplotlib.ticker import MaxNLocator
 
-        fig = Figure(figsize=(9, 3.4), layout="constrained")
+        fig = notebook_figure(figsize=(9, 3.4), layout="constrained")
         ax_loss, ax_acc = fig.subplots(1, 2)
         for ax, key, label in ((ax_loss, "loss", "loss"), (ax_acc, "acc", "accuracy")):
             ax.plot(self.epoch, getattr(self, f"train_{key}"), marker="o", label="train")
             ax.plot(self.epoch, getattr(self, f"val_{key}"), marker="o", label="validation")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # epochs are whole numbers
             ax.set_xlabel("epoch")
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)

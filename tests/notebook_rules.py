@@ -16,6 +16,8 @@ from ptlab.course.nbrun import cell_marks, code_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 WARNING_WORDS = ("FutureWarning", "DeprecationWarning")
+# The text Jupyter stores for a matplotlib Figure it could not draw: what the learner then sees instead of the plot.
+FIGURE_REPR = re.compile(r"<(Figure size [^>]*|matplotlib\.figure\.\w*Figure[^>]*)>")
 
 
 def ptlab_exports() -> set[str]:
@@ -59,6 +61,16 @@ def output_text(output) -> str:
     if output.output_type == "error":
         return "\n".join(output.traceback)
     return "\n".join(str(v) for k, v in output.get("data", {}).items() if not k.startswith("image/"))
+
+
+def figure_without_image(output) -> str | None:
+    """The figure's text repr when an output stores a figure as that text alone, with no image; else None."""
+    data = output.get("data", {})
+    text = data.get("text/plain", "")
+    text = "".join(text) if isinstance(text, list) else text
+    if FIGURE_REPR.fullmatch(text.strip()) and not any(k.startswith("image/") for k in data):
+        return text.strip()
+    return None
 
 
 _CUDA_CALLS = ("torch.cuda.is_available", "torch.cuda.device_count")
@@ -158,6 +170,10 @@ def problems(nb) -> list[str]:
             for word in WARNING_WORDS:
                 if word in text:
                     found.append(f"{where} shows a {word}: a deprecated API must not be taught")
+            figure = figure_without_image(output)
+            if figure:
+                found.append(f"{where} stores the figure as the text {figure!r} and no image, which is all a "
+                             "learner sees: display it as a PNG (ptlab.plots.show_figure) and re-run the notebook")
     clashes = defined_names(nb) & ptlab_exports()
     if clashes:
         found.append(f"defines {sorted(clashes)}, which ptlab exports: import them instead")

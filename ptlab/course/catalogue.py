@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
-from ptlab.course.pitfalls import all_pitfalls
+from ptlab.course.pitfalls import Pitfall, all_pitfalls
 from ptlab.watch import DETECTS
 
 START, END = "<!-- pitfalls:start -->", "<!-- pitfalls:end -->"
@@ -15,13 +16,50 @@ def catalogue_json() -> str:
     return json.dumps([p.summary() for p in all_pitfalls()], indent=2, ensure_ascii=False)
 
 
+WATCH_COMMAND = "python -m ptlab watch"
+WIDTH = 100   # terminal text is wrapped at this width
+
+
 def catalogue_text() -> str:
-    """The catalogue for a terminal: chapter, id, title, symptom."""
-    lines = []
-    for p in all_pitfalls():
-        lines.append(f"ch{p.chapter}  {p.id:<28} {p.title}")
-        lines.append(f"     {'':<28} symptom: {p.symptom}")
+    """The catalogue for a terminal: chapter, id, whether the watch detects it, title, then symptom."""
+    records = all_pitfalls()
+    width = max(len(p.id) for p in records)
+    lines = [f"ch  {'id':<{width}}  watch  title"]
+    for p in records:
+        lines.append(f"{p.chapter:<2}  {p.id:<{width}}  {'✔' if p.id in DETECTS else '':<5}  {p.title}")
+        lines.append(textwrap.fill(p.symptom, WIDTH, initial_indent="    symptom: ", subsequent_indent="      "))
+    lines.append(f"watch ✔: `{WATCH_COMMAND} your_script.py` detects it while your own script trains. "
+                 "Run one: `python -m ptlab pitfalls run ID [--fixed]`.")
     return "\n".join(lines)
+
+
+def marked_code_text(record: Pitfall, colour: bool = False) -> str:
+    """The reproduction's code with a gutter naming the BUG and FIX lines (in red and green when `colour`)."""
+    paint = {"BUG": "\033[31m", "FIX": "\033[32m"} if colour else {}
+    rows = []
+    for line, marker in record.marked_lines():
+        row = f"{marker or '':>3} | {line}".rstrip()
+        rows.append(f"{paint[marker]}{row}\033[0m" if marker in paint else row)
+    return "\n".join(rows)
+
+
+def watch_text(record: Pitfall) -> str:
+    """Whether `python -m ptlab watch` detects this pitfall in a running script, and by which sign."""
+    if record.id in DETECTS:
+        return (f"`{WATCH_COMMAND} your_script.py` detects it while your script trains: it looks for "
+                f"{DETECTS[record.id]}.")
+    return f"`{WATCH_COMMAND}` does not detect this one: catch it as described above."
+
+
+def lesson_text(record: Pitfall, colour: bool = False) -> str:
+    """What the widget teaches, as terminal text: title, symptom, the marked code, why, how to catch it, the watch."""
+
+    def paragraph(head: str, text: str) -> str:
+        return textwrap.fill(text, WIDTH, initial_indent=f"{head} ", subsequent_indent="  ")
+
+    return "\n".join([f"{record.title}  [{record.id}, chapter {record.chapter}]", paragraph("Symptom:", record.symptom),
+                      "", marked_code_text(record, colour), "", paragraph("Why:", record.why),
+                      paragraph("Catch it in your code:", record.catch), paragraph("Watch:", watch_text(record))])
 
 
 def catalogue_markdown() -> str:

@@ -9,6 +9,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -158,18 +159,31 @@ print(f"{{time.perf_counter() - start:.1f}}")
 """
 
 
-def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
+# What a first run on a 2-core machine waits for, said before each wait. Measured with an empty Inductor cache on
+# 2 shared cores: the one-line compile 15 s, the ladder 27 s (quiet) to 45 s (other jobs running); warm, 6 and 10 s.
+BUILDING_HEADER = ("building Inductor's C++ header for this CPU and compiling a one-line function "
+                   "(first run: about 15 s on 2 cores; later runs: a few seconds)...")
+BUILDING_LADDER = ("compiling chapter 8's training step, forward and backward, so that chapter 8 starts warm "
+                   "(first run: 30-45 s on 2 cores; later runs: about 10 s)...")
+
+
+def _quiet(text: str) -> None:
+    """A `say` that says nothing."""
+
+
+def inductor_build_check(compiler: Check, timeout_s: float = 300.0, say: Callable[[str], None] = _quiet) -> Check:
     """Compile chapter 8's first function with Inductor in a fresh process (the environment's CPU capability).
 
     It proves that the whole chain builds, not only that a compiler exists, and it leaves Inductor's
-    on-disk caches for this CPU capability warm: the one-time build of its C++ header (10-30 s on two
-    cores) and the graph chapter 8 compiles first (same function, same input, one thread) happen here,
-    when the machine is prepared, instead of in the chapter.
+    on-disk caches for this CPU capability warm: the one-time build of its C++ header and the graphs chapter
+    8 compiles first (same functions, same inputs, one thread) happen here, when the machine is prepared,
+    instead of in the chapter. `say` is told what is being built before each step that takes seconds.
     """
     import subprocess
 
     if not compiler.ok:
         return Check(INDUCTOR_BUILD, "not tried: no C++ compiler", ok=False, required=False, fix=compiler.fix)
+    say(BUILDING_HEADER)
     try:
         done = subprocess.run([sys.executable, "-c", _FIRST_COMPILE], capture_output=True, text=True,
                               timeout=timeout_s)
@@ -180,6 +194,7 @@ def inductor_build_check(compiler: Check, timeout_s: float = 300.0) -> Check:
         errors = [line for line in done.stderr.splitlines() if "Error" in line] or ["no error line"]
         return Check(INDUCTOR_BUILD, f"a one-line compile failed: {errors[-1].strip()[:200]}", ok=False,
                      required=False, fix=_COMPILER_FIX)
+    say(BUILDING_LADDER)
     try:
         ladder = subprocess.run([sys.executable, "-c", _LADDER_WARMUP], capture_output=True, text=True,
                                 timeout=timeout_s)
@@ -218,39 +233,61 @@ def _device() -> tuple[Check, torch.device]:
     return Check("device", str(choice), required=False), choice.device
 
 
+def iter_checks(say: Callable[[str], None] = _quiet) -> Iterator[Check]:
+    """Every readiness check, each yielded as soon as it has run, in the order the report prints them.
+
+    `say` is told what is being built before a step that takes more than a few seconds.
+    """
+    device_check, device = _device()
+    yield Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer")
+    yield _version_check("torch", "make lab installs the pinned version from requirements.lock")
+    yield _version_check("torchvision", "make lab installs the pinned version from requirements.lock")
+    yield device_check
+    yield _bf16_autocast(device)
+    compiler = inductor_compiler_check()
+    yield compiler
+    yield inductor_build_check(compiler, say=say)
+    yield Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
+                required=False)
+    yield _cpu_instructions()
+    yield _dataset()
+    yield from _jupyter()
+
+
 def run_checks() -> list[Check]:
     """Every readiness check, in the order the report prints them."""
-    device_check, device = _device()
-    checks = [
-        Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer"),
-        _version_check("torch", "make lab installs the pinned version from requirements.lock"),
-        _version_check("torchvision", "make lab installs the pinned version from requirements.lock"),
-        device_check,
-        _bf16_autocast(device),
-        (compiler := inductor_compiler_check()),
-        inductor_build_check(compiler),
-        Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
-              required=False),
-        _cpu_instructions(),
-        _dataset(),
-        *_jupyter(),
-    ]
-    return checks
+    return list(iter_checks())
+
+
+HEADER = "ptlab doctor"
+NAME_WIDTH = len(INDUCTOR_COMPILER) + 2    # the longest check name, so lines printed one by one line up
+
+
+def check_lines(check: Check, width: int = NAME_WIDTH) -> list[str]:
+    """One check as the report prints it: its line, and its fix when it is not ok."""
+    mark = "ok  " if check.ok else ("FAIL" if check.required else "warn")
+    lines = [f"  [{mark}] {check.name:<{width}}{check.finding}"]
+    if not check.ok and check.fix:
+        lines.append(f"         {'':<{width}}-> {check.fix}")
+    return lines
+
+
+def note_line(text: str) -> str:
+    """What the doctor is doing before a slow step, as a report line."""
+    return f"  [....] {text}"
+
+
+def verdict(checks: list[Check]) -> tuple[str, int]:
+    """The report's last line and the exit code: 1 if anything required is missing."""
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:
+        return (f"NOT READY: the course needs {', '.join(missing)}: follow the -> lines above "
+                "(`make lab` installs every missing package).", 1)
+    return "READY: everything the course needs is here.", 0
 
 
 def report(checks: list[Check]) -> tuple[str, int]:
     """The printed report and the exit code: 1 if anything required is missing."""
-    width = max(len(c.name) for c in checks) + 2
-    lines = ["ptlab doctor"]
-    for c in checks:
-        mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
-        lines.append(f"  [{mark}] {c.name:<{width}}{c.finding}")
-        if not c.ok and c.fix:
-            lines.append(f"         {'':<{width}}-> {c.fix}")
-    missing = [c.name for c in checks if c.required and not c.ok]
-    if missing:
-        lines.append(f"NOT READY: the course needs {', '.join(missing)}: follow the -> lines above "
-                     "(`make lab` installs every missing package).")
-    else:
-        lines.append("READY: everything the course needs is here.")
-    return "\n".join(lines), 1 if missing else 0
+    width = max([NAME_WIDTH] + [len(c.name) + 2 for c in checks])
+    last, code = verdict(checks)
+    return "\n".join([HEADER, *(line for c in checks for line in check_lines(c, width)), last]), code

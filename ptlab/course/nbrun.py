@@ -76,7 +76,8 @@ def cell_marks(cell) -> set[str]:
 
 def compared_output(output) -> bool:
     """True when nbval compares something real in this output: a stream, an error, or a text result
-    that is neither a widget view nor a figure's repr (those nbval skips or cannot check)."""
+    that is neither a widget view nor a figure's repr. (nbval skips a widget's model and an image, but it does
+    compare their text/plain: the widget's repr and '<IPython.core.display.Image object>', which check nothing.)"""
     if output.output_type in ("stream", "error"):
         return True
     data = output.get("data", {})

@@ -1,14 +1,15 @@
 """Registered pitfalls: every `pitfalls*.py` of ptlab/lessons/chNN_*/, discovered automatically."""
 from __future__ import annotations
 
+import difflib
+
 from ptlab.claims import Check, ClaimFailed
 from ptlab.course.pitfall_record import (BUG_ON, FIXED, Outcome, Pitfall, PitfallUnavailable, figure_table, pitfall,
                                          registered, run_claims, run_text)
 from ptlab.course.topics import import_lesson_modules
 
 __all__ = ["Check", "Outcome", "Pitfall", "PitfallUnavailable", "pitfall", "all_pitfalls", "get_pitfall",
-           "run_pitfall", "compare_pitfall",
-           "PitfallComparison"]
+           "run_pitfall", "compare_pitfall", "nearest_ids", "PitfallComparison"]
 
 
 def _load_topics() -> None:
@@ -33,13 +34,22 @@ def _source_order(record: Pitfall) -> tuple[int, str, int]:
             code.co_firstlineno if code is not None else 0)
 
 
+def nearest_ids(pitfall_id: str, n: int = 3) -> list[str]:
+    """The registered ids closest in spelling to `pitfall_id` (difflib), best first; empty when none is close."""
+    _load_topics()
+    return difflib.get_close_matches(pitfall_id, list(registered()), n=n, cutoff=0.6)
+
+
 def get_pitfall(pitfall_id: str) -> Pitfall:
-    """The pitfall with this id; a KeyError lists the known ids when there is none."""
+    """The pitfall with this id; a KeyError names the nearest ids, then lists the known ones, when there is none."""
+    if not isinstance(pitfall_id, str):
+        raise TypeError(f"pitfall_id must be a str such as 'missing-zero-grad', got {type(pitfall_id).__name__}")
     _load_topics()
     records = registered()
     if pitfall_id not in records:
-        known = ", ".join(sorted(records))
-        raise KeyError(f"no pitfall with id {pitfall_id!r}; known ids: {known}")
+        nearest = nearest_ids(pitfall_id)
+        guess = f" (did you mean {' or '.join(map(repr, nearest))}?)" if nearest else ""
+        raise KeyError(f"no pitfall with id {pitfall_id!r}{guess}; known ids: {', '.join(sorted(records))}")
     return records[pitfall_id]
 
 

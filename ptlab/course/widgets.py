@@ -35,10 +35,20 @@ def prose_html(text: str) -> str:
     return "".join(f"<code>{part}</code>" if i % 2 else part for i, part in enumerate(parts))
 
 
+_BROKEN, _OK = '<b style="color:#c0392b">BROKEN</b>', '<b style="color:#27ae60">OK</b>'
+# What a run means, in words (shown live, never stored in a notebook): the symptom shows when every check holds.
+VERDICTS = {(BUG_ON, True): f"{_BROKEN}: the symptom shows (every check below holds)",
+            (FIXED, False): f"{_OK}: the symptom is gone",
+            (FIXED, True): f"{_BROKEN}: the symptom still shows with the fix: a course bug, please report it",
+            (BUG_ON, False): f"{_OK}: the symptom did not show this time, though the bug is on (✘ below): "
+                             "a course bug, please report it"}
+
+
 def figures_html(label: str, outcome: Outcome) -> str:
     """The verdict, then the run as compare_pitfall and the command line show it (run_text), as HTML."""
-    verdict = ('<b style="color:#c0392b">BROKEN</b>: every check of the symptom holds' if outcome.broken
-               else '<b style="color:#27ae60">OK</b>: not every check of the symptom holds')
+    if label not in (BUG_ON, FIXED):
+        raise ValueError(f"label must be {BUG_ON!r} or {FIXED!r}, got {label!r}")
+    verdict = VERDICTS[label, outcome.broken]
     return (f'<div class="ptlab-verdict">{verdict}</div><pre class="ptlab-figures" style="margin:4px 0;'
             f'font-size:12px;line-height:1.35">{html.escape(run_text({label: outcome}))}</pre>')
 
@@ -51,7 +61,8 @@ class PitfallWidget(widgets.VBox):
         self.bug_toggle = widgets.Checkbox(value=True, description="bug on", indent=False)
         self.run_button = widgets.Button(description="Run", button_style="primary", icon="play")
         # Saved with the notebook, this text is what a learner sees before the cell runs in a live kernel.
-        self.status = widgets.Label(value="press Run (nothing happens? run this cell first: the widget needs a live kernel)")
+        self.status = widgets.Label(
+            value="press Run (nothing happens? run this cell first: the widget needs a live kernel)")
         self.output = widgets.Output()
         self.last_outcome = None
         self.outcomes: dict[str, object] = {}  # the latest run of each mode, plotted together
@@ -62,7 +73,8 @@ class PitfallWidget(widgets.VBox):
             f"<span style='color:#888'>[{record.id}, chapter {record.chapter}]</span></div>")
         explanation = widgets.HTML(
             f"<div style='line-height:1.4;margin-top:4px'><b>Why:</b> {prose_html(record.why)}</div>"
-            f"<div style='line-height:1.4;margin-top:4px'><b>Catch it in your code:</b> {prose_html(record.catch)}</div>")
+            f"<div style='line-height:1.4;margin-top:4px'><b>Catch it in your code:</b> {prose_html(record.catch)}"
+            "</div>")
         controls = widgets.HBox([self.bug_toggle, self.run_button, self.status])
         super().__init__([header, widgets.HTML(code_html(record)), controls, self.output, explanation])
         self.add_class("ptlab-pitfall")

@@ -31,10 +31,11 @@ def test_widget_shows_each_check_and_plots_with_a_bare_figure():
     outcome = get_pitfall("uint8-overflow").run(buggy=True)
     page = figures_html("bug on", outcome)
     assert "BROKEN" in page and all(f"✔ bug on: {html.escape(c.line())}" in page for c in outcome.checks)
-    assert "OK" in figures_html("fixed", get_pitfall("uint8-overflow").run(buggy=False))
+    assert ">BROKEN</b>: the symptom shows (every check below holds)</div>" in page
+    assert ">OK</b>: the symptom is gone</div>" in figures_html("fixed", get_pitfall("uint8-overflow").run(buggy=False))
     assert prose_html("call `opt.zero_grad()` & go") == "call <code>opt.zero_grad()</code> &amp; go"
     fig = plot_series({"bug on": get_pitfall("missing-zero-grad").run(buggy=True)})
-    assert type(fig) is Figure and fig.canvas.manager is None  # not pyplot's: the inline backend never closes it
+    assert isinstance(fig, Figure) and fig.canvas.manager is None  # not pyplot's: the inline backend never closes it
 
 
 def test_code_is_shown_with_bug_and_fix_lines_marked():
@@ -64,3 +65,12 @@ def test_a_pitfall_that_cannot_run_here_says_skipped_not_a_traceback():
     widget.run()
     assert widget.status.value == "skipped: it cannot run on this machine (reason below)"
     assert widget.last_outcome is None and not widget.run_button.disabled
+
+
+def test_a_run_that_is_not_as_it_should_be_says_so_in_words():
+    from ptlab.claims import Check
+    from ptlab.course.widgets import figures_html
+
+    shows, gone = (Outcome(figures={}, checks=[Check("n", n, "> 1")]) for n in (3, 0))
+    assert "the symptom still shows with the fix: a course bug" in figures_html("fixed", shows)
+    assert "the symptom did not show this time, though the bug is on" in figures_html("bug on", gone)

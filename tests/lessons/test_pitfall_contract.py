@@ -168,7 +168,8 @@ def test_a_pitfall_that_cannot_run_here_says_why_everywhere(monkeypatch, capsys)
     assert registry.compare_pitfall("needs-linux") is None
     assert capsys.readouterr().out == f"needs-linux\n{skipped}\n"
     assert main(["pitfalls", "run", "needs-linux"]) == 0
-    assert capsys.readouterr().out == f"needs-linux (bug on): t\n{skipped}\n"
+    out = capsys.readouterr().out     # what the widget teaches (code, why, catch), then the skip line instead of a run
+    assert out.startswith("t  [needs-linux, chapter 3]\n") and out.endswith(f"\n\n{skipped}\n") and "Run (" not in out
     widget = PitfallWidget(record)
     widget.run()          # outside a kernel the output area's print reaches stdout (after clear_output's "\r")
     assert capsys.readouterr().out.split("\r")[-1] == f"{skipped}\n" and widget.last_outcome is None
@@ -213,7 +214,8 @@ def test_every_view_shows_a_run_in_compare_pitfalls_one_text(monkeypatch, capsys
     for label, flags in (("bug on", []), ("fixed", ["--fixed"])):
         assert main(["pitfalls", "run", "two-ways", *flags]) == 0
         one_run = run_text({label: record.run(buggy=label == "bug on")})
-        assert capsys.readouterr().out == f"two-ways ({label}): t\n{one_run}\n"
+        lesson, run = capsys.readouterr().out.split("\nRun (", 1)  # the lesson, then the run
+        assert lesson.startswith("t  [two-ways, chapter 1]\n") and run.split("\n", 1)[1] == f"{one_run}\n"
         assert f">{html.escape(one_run)}</pre>" in figures_html(label, record.run(buggy=label == "bug on"))
     assert one_run.splitlines()[0] == "         fixed" and one_run.splitlines()[-1] == "✔ fixed: n: 0, not > 1"
 

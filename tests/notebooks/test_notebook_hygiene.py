@@ -159,6 +159,11 @@ def test_the_rules_catch_each_defect():
                       execution_count=7, outputs=[new_output("stream", name="stdout", text="skipped\n")]),
         new_code_cell("if device.type == 'cuda':\n    print(1)", execution_count=8, metadata={"tags": [
             "nbval-ignore-output"]}, outputs=[new_output("stream", name="stdout", text="1\n")]),
+        new_code_cell("history.plot()", execution_count=9, outputs=[new_output(
+            "execute_result", data={"text/plain": "<Figure size 900x340 with 2 Axes>"}, execution_count=9)]),
+        new_code_cell("fig", execution_count=10, outputs=[new_output(       # drawn: the text beside the PNG is fine
+            "execute_result", data={"text/plain": "<Figure size 900x340 with 2 Axes>", "image/png": "iVBO"},
+            execution_count=10)]),
     ]
     ignored = {"tags": ["nbval-ignore-output"]}
     gpu_cells = [  # (source, tagged, expected problem or None)
@@ -178,8 +183,11 @@ def test_the_rules_catch_each_defect():
     for expected in ("no stored execution", "stores an error: ZeroDivisionError", "path of this machine",
                      "FutureWarning", "has no stored output", "defines ['claim']", "use the cell tag",
                      "branches on a CUDA GPU but is not tagged nbval-ignore-output",
-                     "branches on a CUDA GPU but asserts no claim there"):
+                     "branches on a CUDA GPU but asserts no claim there",
+                     "code cell 8 ('history.plot()') stores the figure as the text '<Figure size 900x340 with 2 Axes>' "
+                     "and no image"):
         assert expected in found, f"{expected!r} not reported in:\n{found}"
+    assert "code cell 9 ('fig')" not in found, "a figure drawn as a PNG is not a defect"
 
 
 def test_checked_share_counts_only_outputs_nbval_compares():
