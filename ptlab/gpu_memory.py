@@ -36,7 +36,8 @@ def _cuda_device(device: torch.device | str) -> torch.device:
         raise ValueError(f"this reads CUDA's caching allocator: device must be a CUDA device, got {device}")
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device here: torch.cuda.is_available() is False")
-    return device
+    # torch.cuda's per-process memory-fraction functions need an index (a bare "cuda" raises ValueError there)
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def free_cached(device: torch.device | str = "cuda") -> None:

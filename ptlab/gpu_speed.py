@@ -1,14 +1,16 @@
-"""What a training step gains from each speed lever on a GPU, measured side by side: mixed precision (float16
-autocast with a GradScaler, bfloat16 autocast), TF32, channels_last and cudnn.benchmark.
+"""What a training step gains from each speed lever on a GPU, measured side by side: mixed precision (float16 autocast
+with a GradScaler, bfloat16 autocast), TF32 and channels_last (cudnn.benchmark is not one of them: see
+`speed_levers`).
 
-`speed_levers(make_model, batch_size, image_size)` trains a fresh copy of the model (same weights, same batch,
-already on the device) with each lever, the levers taking turns, and keeps each one's fastest round:
-images per second and the ratio to float32 with TF32 off. A lever that needs more than the GPU has (float16
-tensor cores need compute capability 7.0; bfloat16 and TF32, 8.0) is skipped, with the reason.
-`step_seconds` is the same measurement for any list of (lever, batch size) pairs; `fixed_share` reads two
-batch sizes for the share of a step that does not grow with the batch (launches, Python, kernels too small to
-fill the GPU): what no faster arithmetic can remove. `backend_settings` sets torch's TF32 and cudnn.benchmark
-flags for a block and restores them. Everything also runs on the CPU (slowly, and the flags do nothing there).
+`speed_levers(make_model, batch_size, image_size)` trains a fresh copy of the model (same weights, and one batch per
+batch size, drawn once and moved to the device in each lever's layout) with each lever, the levers taking turns, and
+keeps each one's fastest round: images per second and the ratio to float32 with TF32 off. A lever that needs more
+than the GPU has (float16 tensor cores need compute capability 7.0; bfloat16 and TF32, 8.0) is skipped, with the
+reason. `step_seconds` is the same measurement for any list of (lever, batch size) pairs; `fixed_share` reads two
+batch sizes for the share of a step that does not grow with the batch (launches, Python, kernels too small to fill
+the GPU): what no faster arithmetic can remove. `backend_settings` sets torch's TF32 and cudnn.benchmark flags for a
+block and restores them (and torch.backends.cuda.matmul.fp32_precision, which the first writes). Everything also
+runs on the CPU (slowly, and the flags do nothing there).
 """
 from __future__ import annotations
 
@@ -28,13 +30,12 @@ FP16_CAPABILITY = (7, 0)          # Volta and later: float16 tensor cores
 
 @dataclass(frozen=True)
 class Lever:
-    """One way to run a training step: autocast dtype (None: float32), memory layout, TF32, cudnn.benchmark."""
+    """One way to run a training step: autocast dtype (None: float32), memory layout, TF32."""
 
     name: str
     autocast_dtype: torch.dtype | None = None
     channels_last: bool = False
     tf32: bool = False
-    cudnn_benchmark: bool = False
 
     def __post_init__(self) -> None:
         if self.autocast_dtype not in (None, torch.float16, torch.bfloat16):
@@ -63,7 +64,6 @@ LEVERS = (
     FLOAT16,
     Lever("bfloat16 autocast", torch.bfloat16),
     Lever("bfloat16 + channels_last", torch.bfloat16, channels_last=True),
-    Lever("bfloat16 + channels_last + cudnn.benchmark", torch.bfloat16, channels_last=True, cudnn_benchmark=True),
 )
 
 
@@ -71,11 +71,14 @@ LEVERS = (
 def backend_settings(tf32: bool | None = None, cudnn_benchmark: bool | None = None) -> Iterator[None]:
     """Set TF32 (`torch.set_float32_matmul_precision("high")` for matmuls and `torch.backends.cudnn.allow_tf32` for
     convolutions; False: "highest" and no TF32) and `torch.backends.cudnn.benchmark` for the block; None leaves a
-    flag alone. On exit, even on an error, the float32 matmul precision and both cudnn flags are as they were."""
+    flag alone. On exit, even on an error, the float32 matmul precision (with the new-API flag
+    `torch.backends.cuda.matmul.fp32_precision`, which set_float32_matmul_precision also writes) and both cudnn
+    flags are as they were."""
     for name, value in (("tf32", tf32), ("cudnn_benchmark", cudnn_benchmark)):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name} must be True, False or None, got {value!r}")
-    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+              torch.backends.cuda.matmul.fp32_precision)
     try:
         if tf32 is not None:
             torch.set_float32_matmul_precision("high" if tf32 else "highest")
@@ -85,6 +88,7 @@ def backend_settings(tf32: bool | None = None, cudnn_benchmark: bool | None = No
         yield
     finally:
         torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.fp32_precision = before[3]     # after the line above, which writes it
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = before[1], before[2]
 
 
@@ -92,7 +96,8 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.
               autocast_dtype: torch.dtype | None = None,
               scaler: torch.amp.GradScaler | None = None) -> Callable[[], torch.Tensor]:
     """A function that runs one training step on this batch (cross-entropy; autocast to `autocast_dtype` when
-    given; `scaler` when given) and returns the loss tensor, without reading it (no .item(): no sync)."""
+    given; `scaler` when given) and returns the loss tensor. The step does not read the loss (no .item()), but
+    with an enabled GradScaler, `scaler.step` still reads its inf check (`.item()`, a sync on a GPU)."""
     if images.device != labels.device:
         raise ValueError(f"images are on {images.device} and labels on {labels.device}: put both on one device")
     device_type = images.device.type
@@ -154,9 +159,10 @@ def step_seconds(make_model: Callable[[], nn.Module], runs: Sequence[tuple[Lever
     """Seconds per training step of each (lever, batch size) in `runs`, measured side by side.
 
     Each run gets a fresh model from `make_model()` after torch.manual_seed(0) (the same weights), SGD with
-    momentum, and one random batch already on `device`. After `warmup` untimed steps each, the runs take turns
-    for `rounds` rounds of `steps` synchronised steps; each keeps its fastest round. `capability` (default: the
-    device's) decides which levers can run.
+    momentum, and the random batch of its batch size: one per batch size, drawn once on the CPU, so every lever at
+    that size trains on the same images and labels, moved to `device` in the lever's memory layout. After `warmup`
+    untimed steps each, the runs take turns for `rounds` rounds of `steps` synchronised steps; each keeps its
+    fastest round. `capability` (default: the device's) decides which levers can run.
     """
     _check_counts(image_size=image_size, steps=steps, rounds=rounds, warmup=warmup, num_classes=num_classes)
     if not runs or not all(isinstance(lever, Lever) and isinstance(b, int) and b >= 1 for lever, b in runs):
@@ -164,6 +170,7 @@ def step_seconds(make_model: Callable[[], nn.Module], runs: Sequence[tuple[Lever
     device = torch.device(device)
     capability = capability if capability is not None else device_capability(device)
     g = torch.Generator().manual_seed(0)
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     prepared, skipped = {}, {}
     for lever, batch_size in runs:
         reason = why_skipped(lever, capability)
@@ -171,8 +178,11 @@ def step_seconds(make_model: Callable[[], nn.Module], runs: Sequence[tuple[Lever
             skipped[lever.name, batch_size] = reason
             continue
         layout = torch.channels_last if lever.channels_last else torch.contiguous_format
-        images = torch.randn(batch_size, 3, image_size, image_size, generator=g).to(device, memory_format=layout)
-        labels = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)   # (B,)
+        if batch_size not in batches:                                                     # drawn once per size
+            batches[batch_size] = (torch.randn(batch_size, 3, image_size, image_size, generator=g),   # (B, 3, H, W)
+                                   torch.randint(0, num_classes, (batch_size,), generator=g))          # (B,)
+        images = batches[batch_size][0].to(device, memory_format=layout)
+        labels = batches[batch_size][1].to(device)
         torch.manual_seed(0)
         model = make_model().to(device, memory_format=layout)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -183,7 +193,7 @@ def step_seconds(make_model: Callable[[], nn.Module], runs: Sequence[tuple[Lever
     for round_ in range(rounds):
         order = list(prepared.items()) if round_ % 2 == 0 else list(prepared.items())[::-1]
         for key, (lever, step) in order:
-            with backend_settings(tf32=lever.tf32, cudnn_benchmark=lever.cudnn_benchmark):
+            with backend_settings(tf32=lever.tf32):
                 for _ in range(warmup if round_ == 0 else 0):
                     step()
                 _synchronize(device)
@@ -227,7 +237,14 @@ def speed_levers(make_model: Callable[[], nn.Module], *, batch_size: int = 64, i
                  rounds: int = 2, warmup: int = 2, num_classes: int = 10,
                  capability: tuple[int, int] | None = None) -> LeverSpeeds:
     """Images per second of a training step with each lever, side by side (see step_seconds); the first lever
-    is the baseline of the ratios and must be able to run."""
+    is the baseline of the ratios and must be able to run.
+
+    There is no cudnn.benchmark lever: within one process it would measure nothing. ATen's cuDNN convolutions
+    look a plan up in one cache before they look at `torch.backends.cudnn.benchmark`; the cache's key (shapes,
+    strides, dtype, layout, deterministic, allow_tf32) does not include the flag, and the heuristic plans go into
+    the same cache (aten/src/ATen/native/cudnn/Conv_v8.cpp, run_single_conv). A benchmark lever after a lever
+    with the same shapes would run the cached heuristic plans. Measure cudnn.benchmark in a fresh process.
+    """
     if not levers or levers[0].min_capability != (0, 0):
         raise ValueError("levers must start with a baseline that runs on any GPU (FLOAT32, say)")
     times = step_seconds(make_model, [(lever, batch_size) for lever in levers], image_size=image_size,
@@ -271,11 +288,10 @@ def tf32_matmul_error(device: torch.device | str = "cuda", size: int = 512) -> d
 def format_levers(levers: Sequence[Lever] = LEVERS) -> str:
     """What each lever sets, and the compute capability it needs, as a table."""
     width = max(len(lever.name) for lever in levers) + 2
-    lines = [f"{'lever':<{width}}{'autocast':<10}{'layout':<15}{'TF32':<7}{'benchmark':<11}needs"]
+    lines = [f"{'lever':<{width}}{'autocast':<10}{'layout':<15}{'TF32':<7}needs"]
     for lever in levers:
         dtype = str(lever.autocast_dtype).replace("torch.", "") if lever.autocast_dtype else "-"
         layout = "channels_last" if lever.channels_last else "NCHW"
         need = ".".join(map(str, lever.min_capability)) if lever.min_capability != (0, 0) else "any GPU"
-        lines.append(f"{lever.name:<{width}}{dtype:<10}{layout:<15}{str(lever.tf32):<7}{str(lever.cudnn_benchmark):<11}"
-                     f"{need}")
+        lines.append(f"{lever.name:<{width}}{dtype:<10}{layout:<15}{str(lever.tf32):<7}{need}")
     return "\n".join(lines)

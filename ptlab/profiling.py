@@ -301,12 +301,16 @@ class StepProfile:
 
 def summarize_rows(averages: Iterable, steps: int, wall_s: float) -> StepProfile:
     """A StepProfile from a profile's key_averages() rows (anything with key, count, device_type,
-    self_device_time_total and cpu_time_total, in microseconds)."""
+    self_device_time_total and cpu_time_total, in microseconds). Device rows of user annotations
+    (record_function's spans on the GPU, such as "Optimizer.step#SGD.step") are not kernels and are left out of
+    the device time, as torch's own table leaves them out (profiler_util.py, `not evt.is_user_annotation`)."""
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     device = launch = sync = 0.0
     launches = syncs = aten = 0
     for row in averages:
+        if getattr(row, "is_user_annotation", False):          # a span around kernels, already counted
+            continue
         if getattr(row.device_type, "name", str(row.device_type)).endswith("CUDA"):
             device += row.self_device_time_total
         elif row.key.startswith(LAUNCH_PREFIXES):

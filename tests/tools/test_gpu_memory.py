@@ -218,3 +218,35 @@ def test_on_a_gpu_a_snapshot_adds_up_to_memory_allocated_and_names_the_forward()
     assert abs(sum(b.size for b in blocks) / allocated - 1) < 0.01    # the same block sizes: exactly, in principle
     assert bytes_under(blocks, "forward") >= out.numel() * 4
     assert peak_bytes(lambda: model(torch.randn(64, 3, 32, 32, device="cuda"))) > 0
+
+
+def test_memory_cap_hands_torch_an_indexed_device(monkeypatch):
+    """torch.cuda.{get,set}_per_process_memory_fraction call _get_device_index without optional=True, so a bare
+    torch.device("cuda") raises ValueError there (torch/cuda/memory.py): memory_cap must resolve the index."""
+    from torch.cuda._utils import _get_device_index
+
+    calls = []
+
+    def get_fraction(device=None):
+        calls.append(("get", device))
+        _get_device_index(device)                   # what torch does with it: raises on a device without index
+        return 1.0
+
+    def set_fraction(fraction, device=None):
+        calls.append(("set", fraction, device))
+        _get_device_index(device)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 2**30}))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", get_fraction)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    for device in ("cuda", torch.device("cuda"), "cuda:3"):
+        calls.clear()
+        with memory_cap(2**28, device) as cap:
+            assert cap == 2**28
+        assert [c[0] for c in calls] == ["get", "set", "set"]
+        assert all(c[-1] == torch.device("cuda", 3) for c in calls), calls
+        assert calls[1][1] == 0.25 and calls[2][1] == 1.0                        # capped, then restored

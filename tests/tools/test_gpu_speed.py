@@ -17,8 +17,12 @@ def flags():
     return (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
 
 
+def new_api_flag():
+    return torch.backends.cuda.matmul.fp32_precision       # set_float32_matmul_precision writes it too
+
+
 def test_backend_settings_set_the_flags_and_restore_them_even_after_an_error():
-    before = flags()
+    before, before_new = flags(), new_api_flag()
     with backend_settings(tf32=True, cudnn_benchmark=True):
         assert flags() == ("high", True, True) and torch.backends.cuda.matmul.allow_tf32
     assert flags() == before
@@ -26,9 +30,21 @@ def test_backend_settings_set_the_flags_and_restore_them_even_after_an_error():
         with backend_settings(tf32=False, cudnn_benchmark=True):
             assert flags() == ("highest", False, True)
             raise RuntimeError("inside")
-    assert flags() == before
+    assert flags() == before and new_api_flag() == before_new
     with backend_settings():                                   # None leaves every flag alone
         assert flags() == before
+    assert new_api_flag() == before_new
+
+
+def test_backend_settings_restore_the_new_api_matmul_flag():
+    before = new_api_flag()
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        with backend_settings(tf32=False):                     # "highest" writes "ieee" to the new-API flag
+            assert new_api_flag() == "ieee"
+        assert new_api_flag() == "none" and torch.get_float32_matmul_precision() == "highest"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
 
 
 def test_backend_settings_refuse_a_non_bool():
@@ -87,6 +103,33 @@ def test_speed_levers_measures_each_lever_that_can_run_and_names_the_others():
     assert table[-1].startswith("bfloat16 autocast") and "skipped: needs compute capability 8.0" in table[-1]
     with pytest.raises(KeyError, match="did not run"):
         speeds.ratio("bfloat16 autocast")
+
+
+def test_every_lever_at_one_batch_size_trains_on_the_same_batch(monkeypatch):
+    import ptlab.gpu_speed as gpu_speed
+
+    seen = []
+    real = gpu_speed.make_step
+
+    def spy(model, optimizer, images, labels, **kwargs):
+        seen.append((images.shape[0], images, labels))
+        return real(model, optimizer, images, labels, **kwargs)
+
+    monkeypatch.setattr(gpu_speed, "make_step", spy)
+    layout = Lever("float32 + channels_last", channels_last=True)
+    step_seconds(tiny_cnn, [(FLOAT32, 4), (layout, 4), (FLOAT32, 6), (layout, 6)], image_size=8, device="cpu",
+                 steps=1, rounds=1, warmup=0)
+    assert [n for n, _, _ in seen] == [4, 4, 6, 6]
+    for (_, a, la), (_, b, lb) in (seen[0:2], seen[2:4]):
+        assert torch.equal(a, b) and torch.equal(la, lb)                   # same values, whatever the layout
+        assert b.is_contiguous(memory_format=torch.channels_last) and a.is_contiguous()
+
+
+def test_there_is_no_cudnn_benchmark_lever():
+    """ATen's cuDNN plan cache ignores the benchmark flag within a process: such a lever would measure nothing."""
+    assert not any("benchmark" in lever.name for lever in LEVERS)
+    assert not hasattr(FLOAT32, "cudnn_benchmark")
+    assert "cudnn.benchmark" in speed_levers.__doc__ and "fresh process" in speed_levers.__doc__
 
 
 def test_step_seconds_keys_each_lever_and_batch_size():
@@ -155,7 +198,7 @@ def test_on_a_gpu_every_lever_runs_or_says_why():
 
 def test_format_levers_says_what_each_lever_sets_and_needs():
     rows = format_levers().splitlines()
-    assert rows[0].split() == ["lever", "autocast", "layout", "TF32", "benchmark", "needs"]
+    assert rows[0].split() == ["lever", "autocast", "layout", "TF32", "needs"]
     assert rows[1].startswith("float32, TF32 off") and rows[1].endswith("any GPU")
     assert rows[4].startswith("float16 autocast + GradScaler") and rows[4].split()[-1] == "7.0"
     assert len(rows) == 1 + len(LEVERS)

@@ -107,9 +107,10 @@ def test_tables_are_narrow_the_full_ones_are_kept_and_the_allocator_note_is_held
 
 # ---------------------------------------------------------------- a step read in the profiler (GPU rows)
 
-def _row(key, count, device_type="CPU", device_us=0.0, cpu_us=0.0):
+def _row(key, count, device_type="CPU", device_us=0.0, cpu_us=0.0, is_user_annotation=False):
     return SimpleNamespace(key=key, count=count, device_type=getattr(DeviceType, device_type),
-                           self_device_time_total=device_us, cpu_time_total=cpu_us)
+                           self_device_time_total=device_us, cpu_time_total=cpu_us,
+                           is_user_annotation=is_user_annotation)
 
 
 def test_summarize_rows_reads_launch_sync_and_kernel_rows():
@@ -119,7 +120,8 @@ def test_summarize_rows_reads_launch_sync_and_kernel_rows():
             _row("cudaStreamSynchronize", 2, cpu_us=3000), _row("cudaDeviceSynchronize", 1, cpu_us=500),
             _row("cudaMemcpyAsync", 2, cpu_us=20),
             _row("void at::native::vectorized_elementwise_kernel<...>", 30, "CUDA", device_us=1500),
-            _row("Memcpy DtoH (Device -> Pageable)", 2, "CUDA", device_us=4)]
+            _row("Memcpy DtoH (Device -> Pageable)", 2, "CUDA", device_us=4),
+            _row("Optimizer.step#SGD.step", 2, "CUDA", device_us=400, is_user_annotation=True)]  # a GPU span
     found = summarize_rows(rows, steps=2, wall_s=0.01)
     assert (found.launches, found.syncs, found.aten_ops) == (42, 3, 10)
     assert found.launch_s == pytest.approx(210e-6) and found.sync_s == pytest.approx(3500e-6)
