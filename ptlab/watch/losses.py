@@ -189,7 +189,8 @@ class LossValues(Detector):
     POISONED_INPUT = Sign("nan-from-a-poisoned-sample", "NaN/inf in a model's input batch")
     NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs")
     LOSS_RISES = Sign("learning-rate-too-high",
-                      "a loss (backpropagated at one line) rising >= 30x above its first value and staying >= 3x")
+                      "a loss made by a loss function, backpropagated at one line, rising >= 30x above its first value "
+                      "and staying >= 3x")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
@@ -197,6 +198,7 @@ class LossValues(Detector):
         self.losses: dict[str | None, list[tuple[int, torch.Tensor]]] = {}  # where backward ran -> (step, loss)
         self.recent: list[torch.Tensor] = []
         self.count = 0                           # scalar losses backpropagated
+        self.minimised: set[str | None] = set()  # the series made by a loss function (cross_entropy, mse_loss...)
         self.check_modules = False
         self.checked = 0                         # forward passes checked for a non-finite output
         self.first_bad: tuple[str, bool] | None = None   # (module, whether its own weights were all finite)
@@ -221,7 +223,10 @@ class LossValues(Detector):
     def backward(self, tensor: torch.Tensor) -> None:
         if tensor.numel() == 1 and self.watch.active:
             value = tensor.detach().reshape(()).clone()
-            self.losses.setdefault(self.watch.where(), []).append((self.watch.step + 1, value))
+            where = self.watch.where(frames=2)          # one series per line (and caller): a GAN's two losses apart
+            self.losses.setdefault(where, []).append((self.watch.step + 1, value))
+            if self.watch.graphs._lookup(tensor) is not None:
+                self.minimised.add(where)               # made by a loss function, not a policy gradient's sum
             self.recent = self.recent[-9:] + [value]
             self.count += 1
             if not self.check_modules and self.count % 10 == 0:
@@ -259,6 +264,7 @@ class LossValues(Detector):
         if bad_inputs:
             n, step, module = bad_inputs[0]
             where = next(iter(series), None)
+            where = where and where.split(" <- ")[0]
             return [WatchFinding(
                 self.POISONED_INPUT.pitfall,
                 f"the input batch of {module} at step {step} held {n} NaN/inf value(s)",
@@ -268,8 +274,8 @@ class LossValues(Detector):
         for where, (steps, losses) in series.items():
             bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
             if bad is not None:
-                found.append(self._non_finite(where, steps, losses, bad))
-            elif len(losses) >= 10 and losses[0] > 0:
+                found.append(self._non_finite(where and where.split(" <- ")[0], steps, losses, bad))
+            elif len(losses) >= 10 and losses[0] > 0 and where in self.minimised:
                 peak = max(losses)
                 last = sum(losses[-5:]) / 5
                 if peak >= 30 * losses[0] and last >= 3 * losses[0]:
@@ -278,7 +284,7 @@ class LossValues(Detector):
                         self.LOSS_RISES.pitfall,
                         f"the loss rose from {losses[0]:.3g} (step {steps[0]}) to {peak:.3g} (step {steps[at]}) "
                         f"and is still {last:.3g} over its last 5 steps: each update made it worse",
-                        {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, where,
+                        {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, where.split(" <- ")[0],
                         since=next(s for s, v in zip(steps, losses) if v >= 3 * losses[0])))
         found.sort(key=lambda f: f.since)
         return found[:1]

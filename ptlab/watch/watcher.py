@@ -38,7 +38,7 @@ EXPLAINS: dict[str, set[str]] = {
     LossValues.NON_FINITE_LOSS.pitfall: {LossCalls.AT_CHANCE.pitfall},
 }
 # In-place writes that reset a .grad when they land on its memory (zero_grad's own are seen by wrapping it).
-_RESETS = {"zero_", "fill_", "copy_", "mul_"}
+_RESETS = {"zero_", "fill_", "copy_", "mul_", "_foreach_zero_"}
 
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
 _SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
@@ -70,10 +70,12 @@ class _Mode(TorchFunctionMode):
                 w.on_call(name, args, kwargs, result)
             elif name == "backward" and args and isinstance(args[0], torch.Tensor):
                 w.on_backward(args[0])
-            elif name in _RESETS and args and isinstance(args[0], torch.Tensor) and w.zero.ptrs and (name in (
-                    "zero_", "copy_") or (len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 0)):
+            elif name in _RESETS and args and w.zero.ptrs and (name in ("zero_", "copy_", "_foreach_zero_") or (
+                    len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 0)):
                 with w._quiet():
-                    w.zero.written(args[0])
+                    for tensor in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]]):
+                        if isinstance(tensor, torch.Tensor):
+                            w.zero.written(tensor)
         return result
 
 
@@ -115,6 +117,7 @@ class Watcher:
         self.last_scaler = None
         self.detectors = [d(self) for d in EVERY_DETECTOR]
         self.zero = next(d for d in self.detectors if isinstance(d, ZeroGrad))
+        self.graphs = next(d for d in self.detectors if isinstance(d, Graphs))
         self.root: nn.Module | None = None                # the outermost module of the forward under way
         self.opt_params: dict[int, frozenset[int]] = {}   # id(optimizer) -> ids of its parameters that train
         self.opt_steps: dict[int, int] = {}               # id(optimizer) -> steps observed
@@ -134,18 +137,19 @@ class Watcher:
         return self.step < self.steps
 
     # --- what the detectors ask ---------------------------------------------------------------------------
-    def where(self, outside_forward: bool = False) -> str | None:
-        """file:line of the innermost frame outside torch, runpy and this watch (and, if asked, outside forward())."""
-        frame = sys._getframe(1)
-        while frame is not None:
+    def where(self, outside_forward: bool = False, frames: int = 1) -> str | None:
+        """file:line of the innermost frame outside torch, runpy and this watch (and, if asked, outside forward());
+        with frames=2, that line and the user line that called its function (a helper called twice apart)."""
+        frame, found = sys._getframe(1), []
+        while frame is not None and len(found) < frames:
             name = frame.f_code.co_filename
             if (not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
                     and "contextlib" not in name
                     and not (outside_forward and frame.f_code.co_name == "forward"
                              and isinstance(frame.f_locals.get("self"), nn.Module))):
-                return f"{name}:{frame.f_lineno}"
+                found.append(f"{name}:{frame.f_lineno}")
             frame = frame.f_back
-        return None
+        return " <- ".join(found) if found else None
 
     def module_name(self, module: nn.Module) -> str:
         return self.names.get(id(module), type(module).__name__)

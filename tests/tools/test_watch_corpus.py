@@ -83,7 +83,7 @@ def test_a_correct_script_gives_exit_0_no_finding_and_the_same_output(script):
     plain_out, plain_warnings = _plain(script, [])
     report, out, caught = _watched(script, [])
     assert report.exit_status == 0 and report.findings == [], str(report)
-    assert report.steps_observed > 0
+    assert report.steps_observed > 0 or "Nothing trains" in script.read_text(encoding="utf-8")
     assert out == plain_out and caught == plain_warnings       # the watch changes neither output nor warnings
 
 
