@@ -24,9 +24,9 @@ What a finding means, and the exit status of `python -m ptlab watch`:
   that trains nothing), a frozen backbone's BatchNorm
   in train mode, NaN in an input batch, a non-finite loss from finite inputs, a loss that rose >= 30x and stays up,
   and the GradScaler mistakes.
-- A hint (printed, exit 0) is a sign that correct code can show too: a training cross-entropy still within 5% of
-  chance after >= 50 steps although the weights moved >= 20% (labels that do not belong to their inputs, or a task
-  the model cannot learn yet).
+- A hint (printed, exit 0) is a sign that correct code can show too: with balanced labels, a training
+  cross-entropy still within 5% of ln(classes) after >= 50 steps although the weights moved >= 20% (labels that do
+  not belong to their inputs, or a task the model cannot learn yet).
 - A consequence (printed, not counted) is a finding another one explains: piled-up gradients make the loss rise or
   stay at chance, unshuffled data makes it spike; the cause is reported and the rest name it.
 - Where intent cannot be read from what runs, the watch says nothing: a model no optimizer steps (an EMA or mean

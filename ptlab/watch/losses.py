@@ -20,8 +20,8 @@ class LossCalls(Detector):
 
     SOFTMAX_FIRST = Sign("softmax-before-cross-entropy", "cross_entropy's input is the output of softmax")
     BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target both broadcast to a larger shape")
-    AT_CHANCE = Sign("shuffled-labels", "a hint: training cross-entropy within 5% of chance after >= 50 steps, "
-                                        "although the weights moved by >= 20% of their norm")
+    AT_CHANCE = Sign("shuffled-labels", "a hint: with balanced labels, training cross-entropy within 5% of ln(C) "
+                                        "after >= 50 steps, although the weights moved >= 20%")
     UNSHUFFLED = Sign("shuffle-off-for-training",
                       "training batches of (nearly) one class each, or labels in sorted order, while several classes "
                       "appear over the run")
@@ -155,27 +155,26 @@ class LossCalls(Detector):
             self.where_first, since=1)
 
     def _at_chance(self) -> WatchFinding | None:
-        if len(self.ce) < 50:
+        if len(self.ce) < 50 or self.counts is None or int((self.counts > 0).sum()) < 2:
             return None
         values = floats(self.ce)
         last = sum(values[-20:]) / 20
-        if self.counts is not None and int((self.counts > 0).sum()) >= 2:
-            share = self.counts.float().cpu() / self.counts.sum().cpu()
-            chance = float(-(share[share > 0] * share[share > 0].log()).sum())
-            what = "the entropy of the label frequencies, what predicting them scores"
-        else:
-            chance, what = math.log(self.classes), f"ln({self.classes})"
+        share = self.counts.float().cpu() / self.counts.sum().cpu()
+        entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
+        chance = math.log(self.classes)
         moved = self.moved()
-        if chance <= 0 or abs(last / chance - 1) > 0.05 or moved is None or moved < 0.2:
+        if entropy < 0.95 * chance:
+            return None                 # unbalanced labels (a language model's characters): chance is no landmark
+        if abs(last / chance - 1) > 0.05 or moved is None or moved < 0.2:
             return None
         return WatchFinding(
             self.AT_CHANCE.pitfall,
             f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last 20), within "
-            f"{abs(last / chance - 1):.0%} of chance ({what}: {chance:.3f}), although the optimizer changed the "
-            f"weights by {moved:.0%} of their norm: the model moves but does not learn from these labels; check "
-            f"that each label belongs to its input",
-            {"steps": len(values), "loss, last 20": last, "chance": chance, "weights moved (relative)": moved},
-            self.where_loss, certain=False, since=len(values))
+            f"{abs(last / chance - 1):.0%} of chance (ln({self.classes}) = {chance:.3f}, the labels being balanced), "
+            f"although the optimizer changed the weights by {moved:.0%} of their norm: the model moves but does not "
+            f"learn from these labels; check that each label belongs to its input",
+            {"steps": len(values), "loss, last 20": last, "chance": chance, "label entropy": entropy,
+             "weights moved (relative)": moved}, self.where_loss, certain=False, since=len(values))
 
     def findings(self) -> list[WatchFinding]:
         found = list(self.found.values())

@@ -77,7 +77,7 @@ def test_at_chance_is_said_only_near_chance():
                                                                              "eval-without-eval-mode")]
     assert _finding(report, "learning-rate-too-high").consequence_of == "missing-zero-grad-training"
     hint = _finding(_run("buggy_labels_permuted_separately.py"), "shuffled-labels")
-    loss, chance = (float(v) for v in re.search(r"still ([\d.]+) .*: ([\d.]+)\)", hint.message).groups())
+    loss, chance = (float(v) for v in re.search(r"still ([\d.]+) .* = ([\d.]+), the labels", hint.message).groups())
     assert hint.kind == "hint" and abs(loss / chance - 1) <= 0.05
     assert hint.evidence["weights moved (relative)"] >= 0.2
 
