@@ -52,74 +52,143 @@ class Detector:
 
 
 class ZeroGrad(Detector):
-    """No zero_grad: the same .grad tensors carry over from step to step, only added to."""
+    """Gradients never reset between steps (no zero_grad), or reset after backward and before the step.
 
-    NOT_ZEROED = Sign("missing-zero-grad", "the same .grad tensors only added to over >= 3 optimizer steps")
+    A reset is seen, not guessed from version counters: optimizer.zero_grad() and module.zero_grad() are wrapped,
+    `p.grad = None` or a new tensor changes the .grad object, and an in-place zero_()/fill_(0)/mul_(0)/copy_() on a
+    .grad's memory (through .data too) is seen by the watch's function mode. An in-place write that is not a
+    reset (clip_grad_norm_, GradScaler.unscale_) leaves the streak alone.
+    """
+
+    NOT_ZEROED = Sign("missing-zero-grad", "the same .grad tensors added to, never reset, over >= 3 optimizer steps")
     NOT_ZEROED_IN_TRAINING = Sign("missing-zero-grad-training",
                                   "the same, over >= 10 optimizer steps of a training loop")
+    ZEROED_BEFORE_STEP = Sign("zero-grad-after-backward",
+                              "zero_grad() after the last backward() and before step(): no gradient reaches the step")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
-        self.last: dict[int, tuple[dict, int]] = {}   # id(opt) -> ({id(p): (ref(grad), version)}, backwards)
-        self.streak: list[tuple[int, torch.Tensor]] = []   # (step, grad norm) of steps whose grads were not reset
+        self.last: dict[int, tuple[dict, int]] = {}   # id(opt) -> ({id(p): (ref(grad), data_ptr, version)}, backwards)
+        self.resets: dict[int, tuple[int, str | None]] = {}   # id(opt) -> (backwards at the reset, where)
+        self.ptrs: dict[int, int] = {}                # data_ptr of a .grad -> id(opt), to see in-place zeroing
+        self.streaks: dict[int, list[tuple[int, torch.Tensor]]] = {}   # id(opt) -> (step, grad norm), not reset
         self.best: list[tuple[int, torch.Tensor]] = []
-        self.previous_norm: torch.Tensor | None = None
-        self.where = None
+        self.best_where: str | None = None
+        self.previous_norm: dict[int, torch.Tensor] = {}
+        self.wheres: dict[int, str | None] = {}
+        self.zeroed_found: WatchFinding | None = None
+        self.clip: tuple[int, torch.Tensor] | None = None     # (backwards then, norm clip_grad_norm_ returned)
+        self.clipped_norms = False
 
     @staticmethod
     def _grads(opt) -> dict[int, torch.Tensor]:
         return {id(p): p.grad for g in opt.param_groups for p in g["params"] if p.requires_grad and p.grad is not None}
 
+    # --- resets -------------------------------------------------------------------------------------------------
+    def zeroed(self, owner) -> None:
+        """optimizer.zero_grad() or module.zero_grad() ran: a reset for every optimizer whose parameters it covers."""
+        if isinstance(owner, torch.optim.Optimizer):
+            opts = [id(owner)]
+        else:
+            ids = {id(p) for p in owner.parameters()}
+            opts = [o for o, params in self.watch.opt_params.items() if params & ids]
+        where = self.watch.where()
+        for opt in opts:
+            self.resets[opt] = (self.watch.backwards, where)
+
+    def written(self, tensor: torch.Tensor) -> None:
+        """An in-place zero_/fill_/mul_/copy_ on a tensor: a reset if it is (a view of) a watched .grad's memory."""
+        opt = self.ptrs.get(tensor.data_ptr()) if self.ptrs else None
+        if opt is not None:
+            self.resets[opt] = (self.watch.backwards, self.watch.where())
+
+    def clipped(self, norm: Any) -> None:
+        """clip_grad_norm_ returned the norm before clipping: the size of the gradient sum, which the step measures."""
+        if isinstance(norm, torch.Tensor):
+            self.clip = (self.watch.backwards, norm.detach().float().reshape(()))
+
+    # --- steps --------------------------------------------------------------------------------------------------
     def step_pre(self, opt, step: int) -> None:
         grads = self._grads(opt)
         previous = self.last.get(id(opt))
+        backwards_before = previous[1] if previous else 0
+        reset = self.resets.pop(id(opt), None)
+        new = self.watch.backwards - backwards_before
+        if reset is not None and new >= 1 and reset[0] == self.watch.backwards and self.zeroed_found is None:
+            self._zeroed_before_step(opt, step, grads, reset[1])
+        streak = self.streaks.setdefault(id(opt), [])
         if not grads:
+            streak.clear()
             return
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads.values()))))
-        if previous is None:
-            self.previous_norm = norm
-            return
-        snapshot, backwards = previous
-        new = self.watch.backwards - backwards
-        common = [k for k in grads if k in snapshot]
-        kept = bool(common) and new >= 1 and all(
-            snapshot[k][0]() is grads[k] and 1 <= grads[k]._version - snapshot[k][1] <= new for k in common)
-        if kept and self.previous_norm is not None:
-            if not self.streak:
-                self.streak = [(step - 1, self.previous_norm)]
-                self.where = self.watch.where()
-            self.streak.append((step, norm))
-            if len(self.streak) > len(self.best):
-                self.best = list(self.streak)
+        if self.clip is not None and self.clip[0] == self.watch.backwards:
+            norm, self.clipped_norms = self.clip[1], True       # before clipping, which scaled .grad down
         else:
-            self.streak = []
-        self.previous_norm = norm
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads.values()))))
+        if previous is None:
+            self.previous_norm[id(opt)] = norm
+            return
+        snapshot = previous[0]
+        common = [k for k in grads if k in snapshot]
+        kept = reset is None and bool(common) and new >= 1 and all(
+            snapshot[k][0]() is grads[k] and grads[k].data_ptr() == snapshot[k][1]
+            and grads[k]._version > snapshot[k][2] for k in common)
+        if kept and id(opt) in self.previous_norm:
+            if not streak:
+                streak.append((self.opt_step(opt) - 1, self.previous_norm[id(opt)]))
+                self.wheres[id(opt)] = self.watch.where()
+            streak.append((self.opt_step(opt), norm))
+            if len(streak) > len(self.best):
+                self.best, self.best_where = list(streak), self.wheres[id(opt)]
+        else:
+            streak.clear()
+        self.previous_norm[id(opt)] = norm
+
+    def opt_step(self, opt) -> int:
+        """This optimizer's own step number, the one about to run."""
+        return self.watch.opt_steps.get(id(opt), 0) + 1
+
+    def _zeroed_before_step(self, opt, step: int, grads: dict, where_reset: str | None) -> None:
+        params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+        if any(v > 0 for v in floats([g.abs().max() for g in grads.values() if g.numel()])):
+            return                      # some gradient still reaches the step (a partial reset): say nothing
+        none = len(params) - len(grads)
+        what = (f"all {len(params)} .grad were None" if none == len(params) else
+                f"{none} .grad were None and {len(grads)} all zeros")
+        self.zeroed_found = WatchFinding(
+            self.ZEROED_BEFORE_STEP.pitfall,
+            f"optimizer step {step}: zero_grad() ran after the last backward() and before step() (at {where_reset}), "
+            f"so at the step {what}: the gradients were discarded and the step could not learn from them "
+            f"(move zero_grad() before backward(), or after step())",
+            {"step": step, "parameters": len(params), ".grad None": none, "zero_grad at": where_reset},
+            self.watch.where(), since=step)
 
     def step_post(self, opt, step: int) -> None:
         grads = self._grads(opt)
-        self.last[id(opt)] = ({k: (weakref.ref(g), g._version) for k, g in grads.items()}, self.watch.backwards)
+        self.resets.pop(id(opt), None)          # a reset inside step() (LBFGS's closure) belongs to that step
+        self.last[id(opt)] = ({k: (weakref.ref(g), g.data_ptr(), g._version) for k, g in grads.items()},
+                              self.watch.backwards)
+        self.ptrs = {ptr: o for ptr, o in self.ptrs.items() if o != id(opt)}
+        self.ptrs.update((g.data_ptr(), id(opt)) for g in grads.values())
 
     def findings(self) -> list[WatchFinding]:
+        found = [self.zeroed_found] if self.zeroed_found else []
         if len(self.best) < 3:
-            return []
+            return found
         steps = [s for s, _ in self.best]
         norms = floats([n for _, n in self.best])
         shown = norms[:5]
-        found = [WatchFinding(
-            self.NOT_ZEROED.pitfall,
-            f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
-            f"between steps: no zero_grad); the gradient norm went {_ratios(shown)} of step {steps[0]}'s",
-            {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}, self.where)]
-        if len(steps) >= 10:
-            found.append(WatchFinding(
-                self.NOT_ZEROED_IN_TRAINING.pitfall,
-                f"a training loop ran {len(steps)} optimizer steps (steps {steps[0]}-{steps[-1]}) without resetting "
-                f".grad: every step used the sum of all earlier gradients (norm at the last step "
-                f"{norms[-1] / norms[0]:.1f}x the first)" if norms[0] and math.isfinite(norms[0])
-                and math.isfinite(norms[-1]) else
-                f"a training loop ran {len(steps)} optimizer steps without resetting .grad",
-                {"steps without reset": len(steps), "grad norm first, last": [norms[0], norms[-1]]}, self.where))
-        return found
+        evidence = {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}
+        text = (f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
+                f"between steps: no zero_grad); the gradient norm"
+                f"{' (before clip_grad_norm_ scaled it)' if self.clipped_norms else ''} went {_ratios(shown)} of step "
+                f"{steps[0]}'s")
+        if len(steps) < 10:
+            return found + [WatchFinding(self.NOT_ZEROED.pitfall, text, evidence, self.best_where, since=steps[0])]
+        if norms[0] and math.isfinite(norms[0]) and math.isfinite(norms[-1]):
+            text += f", and {norms[-1] / norms[0]:.3g}x at step {steps[-1]}"
+        text += f": each of these {len(steps)} steps used the sum of every gradient since step {steps[0]}"
+        return found + [WatchFinding(self.NOT_ZEROED_IN_TRAINING.pitfall, text,
+                                     {**evidence, "grad norm, last step": norms[-1]}, self.best_where, since=steps[0])]
 
 
 class FrozenUpdated(Detector):
@@ -169,7 +238,7 @@ class Graphs(Detector):
         self.candidates: dict[int, tuple[weakref.ref, frozenset[int], str | None]] = {}
         self.eval_outputs: list[weakref.ref] = []
         self.eval_found: WatchFinding | None = None
-        self.forwards_with_graph = 0
+        self.backpropagated: set[int] = set()    # forward passes whose loss a backward went through
 
     def _lookup(self, value: Any) -> frozenset[int] | None:
         if isinstance(value, torch.Tensor) and id(value) in self.tracked:
@@ -202,6 +271,7 @@ class Graphs(Detector):
         # taken afterwards) had its graphs freed: it is not a running total.
         covered = self._lookup(tensor)
         if covered:
+            self.backpropagated |= covered
             self.candidates = {k: c for k, c in self.candidates.items() if not c[1] <= covered}
         self.eval_outputs = []
 
@@ -225,71 +295,15 @@ class Graphs(Detector):
         found = [self.eval_found] if self.eval_found else []
         if self.candidates:
             _, forwards, where = max(self.candidates.values(), key=lambda c: len(c[1]))
-            n = len(forwards)
+            n, done = len(forwards), len(forwards & self.backpropagated)
+            kept = ("it keeps every one of those graphs alive, with the activations they saved" if not done else
+                    f"each of those losses was backpropagated on its own, which freed the activations it saved, "
+                    f"but the sum still holds all {n} graphs' nodes, a chain that grows every step"
+                    if done == n else f"{n - done} of those losses were never backpropagated: the sum keeps their "
+                    f"graphs alive, with the activations they saved")
             found.append(WatchFinding(
                 self.RUNNING_TOTAL.pitfall,
-                f"a tensor summing the losses of {n} forward passes carries a grad_fn and was never "
-                f"backpropagated: it keeps every batch's graph alive (add loss.item() instead)",
-                {"forward passes summed": n}, where))
+                f"a tensor summing the losses of {n} forward passes carries a grad_fn and no backward went through "
+                f"it: {kept} (add loss.item() instead)",
+                {"forward passes summed": n, "of them backpropagated on their own": done}, where))
         return found
-
-
-def _inside_checkpoint() -> bool:
-    """Whether this call runs inside torch.utils.checkpoint (looked up only when a finding is about to be made)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "torch.utils.checkpoint":
-            return True
-        frame = frame.f_back
-    return False
-
-
-class Modes(Detector):
-    """Layers running in train mode by mistake: inside a no-grad pass, or a frozen BatchNorm."""
-
-    TRAIN_MODE_IN_EVAL = Sign("eval-without-eval-mode", "BatchNorm or Dropout in train mode inside a no-grad pass")
-    FROZEN_BN_TRAINING = Sign("frozen-backbone-batchnorm-train-mode",
-                              "a BatchNorm with frozen parameters running in train mode")
-
-    def __init__(self, watch) -> None:
-        super().__init__(watch)
-        self.found: dict[str, tuple[WatchFinding, nn.Module | None, torch.Tensor | None]] = {}
-
-    def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
-        if not module.training:
-            return
-        is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats \
-            and module.momentum is not None
-        is_dropout = isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0
-        if not (is_bn or is_dropout):
-            return
-        name = self.watch.module_name(module)
-        frozen_bn = is_bn and module.affine and not module.weight.requires_grad
-        if not torch.is_grad_enabled() and self.TRAIN_MODE_IN_EVAL.pitfall not in self.found and _inside_checkpoint():
-            return      # reentrant checkpointing runs the forward under no_grad: training, not evaluation
-        if not torch.is_grad_enabled() and not frozen_bn and self.TRAIN_MODE_IN_EVAL.pitfall not in self.found:
-            what = "updates its running statistics from this batch" if is_bn else "drops activations at random"
-            self.found[self.TRAIN_MODE_IN_EVAL.pitfall] = (WatchFinding(
-                self.TRAIN_MODE_IN_EVAL.pitfall,
-                f"{name} ({type(module).__name__}) ran in train mode inside a no-grad pass (after step "
-                f"{self.watch.step}): it {what}; if this pass evaluates the model, call model.eval() first",
-                {"module": name, "type": type(module).__name__, "step": self.watch.step},
-                self.watch.where(outside_forward=True)),
-                module if is_bn else None, module.running_mean.detach().clone() if is_bn else None)
-        elif frozen_bn and self.FROZEN_BN_TRAINING.pitfall not in self.found:
-            self.found[self.FROZEN_BN_TRAINING.pitfall] = (WatchFinding(
-                self.FROZEN_BN_TRAINING.pitfall,
-                f"{name} ({type(module).__name__}) is frozen (requires_grad=False) but ran in train mode at step "
-                f"{self.watch.step + 1}: its running statistics keep moving to the new data",
-                {"module": name, "step": self.watch.step + 1}, self.watch.where(outside_forward=True)),
-                module, module.running_mean.detach().clone())
-
-    def findings(self) -> list[WatchFinding]:
-        out = []
-        for finding, module, before in self.found.values():
-            if module is not None:
-                drift = (module.running_mean.detach() - before).abs().max().item()
-                finding.evidence["running_mean moved by (max)"] = drift
-                finding.message += f" (its running_mean has moved by up to {drift:.3g} since)"
-            out.append(finding)
-        return out

@@ -11,25 +11,55 @@ from torch import nn
 from .detectors import SHAPE_LOSSES, Detector, Sign, floats
 from .report import WatchFinding
 
+_MAX_CLASSES = 1024           # label statistics are kept for classifiers up to this many classes
+_MAX_BATCHES = 200            # and for this many training batches
+
 
 class LossCalls(Detector):
     """What the losses are given: softmax output, shapes that broadcast, labels at chance, unshuffled batches."""
 
     SOFTMAX_FIRST = Sign("softmax-before-cross-entropy", "cross_entropy's input is the output of softmax")
-    BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target broadcast to a larger shape")
-    AT_CHANCE = Sign("shuffled-labels", "training cross-entropy still >= 0.95 ln(C) after >= 50 steps")
-    UNSHUFFLED = Sign("shuffle-off-for-training", "first training batches hold < 2 distinct labels on average")
+    BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target both broadcast to a larger shape")
+    AT_CHANCE = Sign("shuffled-labels", "a hint: with balanced labels, training cross-entropy within 5% of ln(C) "
+                                        "after >= 50 steps, although the weights moved >= 20%")
+    UNSHUFFLED = Sign("shuffle-off-for-training",
+                      "training batches of (nearly) one class each, or labels in sorted order, while several classes "
+                      "appear over the run")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.softmax_out: list[weakref.ref] = []
+        self.checked_rows = 0
         self.found: dict[str, WatchFinding] = {}
         self.ce: list[torch.Tensor] = []         # training cross-entropy values
         self.classes = 0
-        self.distinct: list[int] = []
-        self.batch = 0
+        self.counts: torch.Tensor | None = None  # labels seen per class, over the training batches
+        self.batch: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.targets: list[torch.Tensor] = []
         self.where_first: str | None = None
         self.where_loss: str | None = None
+        self.sequential: bool | None = None      # whether the loader iterated last had shuffle=False
+        self.start: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # id(opt) -> [(param, sample)]
+
+    def step_pre(self, opt, step: int) -> None:
+        if id(opt) not in self.start:           # a strided sample of every weight, to measure how far they moved
+            self.start[id(opt)] = [(p, self._sample(p).clone()) for g in opt.param_groups for p in g["params"]]
+
+    @staticmethod
+    def _sample(p: torch.Tensor) -> torch.Tensor:
+        flat = p.detach().reshape(-1)
+        return flat[:: max(1, flat.numel() // 512)].float()
+
+    def moved(self) -> float | None:
+        """How far the weights moved since the first step, relative to their norm then: estimated from strided
+        samples, each scaled to the size of its tensor."""
+        pairs = [(self._sample(p), s, p.numel() / s.numel()) for pairs in self.start.values() for p, s in pairs
+                 if p.numel()]
+        if not pairs:
+            return None
+        before = torch.stack([s.square().sum() * k for _, s, k in pairs]).sum().sqrt()
+        change = torch.stack([(now - s).square().sum() * k for now, s, k in pairs]).sum().sqrt()
+        return float(change / before) if float(before) > 0 else None
 
     def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
         if name == "softmax":
@@ -42,73 +72,135 @@ class LossCalls(Detector):
             self._cross_entropy(x, target, result)
         elif name in SHAPE_LOSSES and x.shape != target.shape and self.BROADCAST.pitfall not in self.found:
             shape = torch.broadcast_shapes(x.shape, target.shape)
-            if shape != x.shape:
+            if shape != x.shape and shape != target.shape:     # both stretched: (B, 1) against (B,) gives (B, B)
                 self.found[self.BROADCAST.pitfall] = WatchFinding(
                     self.BROADCAST.pitfall,
                     f"{name} at step {self.watch.step + 1} got input {tuple(x.shape)} and target "
                     f"{tuple(target.shape)}: they broadcast to {tuple(shape)}, so every prediction is compared "
                     f"with every target", {"input": list(x.shape), "target": list(target.shape),
-                                           "broadcast to": list(shape)}, self.watch.where())
+                                           "broadcast to": list(shape)}, self.watch.where(), since=self.watch.step + 1)
 
     def _cross_entropy(self, x: torch.Tensor, target: torch.Tensor, loss: torch.Tensor) -> None:
-        from_softmax = type(x.grad_fn).__name__ == "SoftmaxBackward0" or any(r() is x for r in self.softmax_out)
-        if from_softmax and self.SOFTMAX_FIRST.pitfall not in self.found:
-            self.found[self.SOFTMAX_FIRST.pitfall] = WatchFinding(
-                self.SOFTMAX_FIRST.pitfall,
-                f"cross_entropy at step {self.watch.step + 1} got the output of softmax (shape {tuple(x.shape)}) "
-                f"as its input: it applies log_softmax itself and wants raw logits",
-                {"input made by": "softmax", "shape": list(x.shape)}, self.watch.where())
+        if self.SOFTMAX_FIRST.pitfall not in self.found:
+            made = "the output of softmax" if type(x.grad_fn).__name__ == "SoftmaxBackward0" or any(
+                r() is x for r in self.softmax_out) else self._probabilities(x)
+            if made:
+                self.found[self.SOFTMAX_FIRST.pitfall] = WatchFinding(
+                    self.SOFTMAX_FIRST.pitfall,
+                    f"cross_entropy at step {self.watch.step + 1} got {made} (shape {tuple(x.shape)}) as its input: "
+                    f"it applies log_softmax itself and wants raw logits",
+                    {"input": made, "shape": list(x.shape)}, self.watch.where(), since=self.watch.step + 1)
         training = torch.is_grad_enabled() and loss.requires_grad and self.watch.active
-        if not training or x.ndim != 2 or target.ndim != 1 or target.dtype.is_floating_point:
+        if not training or x.ndim != 2 or target.ndim != 1 or target.dtype.is_floating_point or loss.numel() != 1:
             return
-        self.classes = x.shape[1]
         if not self.ce:
-            self.where_loss = self.watch.where()
+            self.classes, self.where_loss = x.shape[1], self.watch.where()
+            self.sequential = self.watch.loader_sequential
+        if x.shape[1] != self.classes:
+            return                              # another head: the statistics follow the first one
         self.ce.append(loss.detach().clone())
-        if len(self.distinct) < 10 and self.classes >= 3 and len(target) >= 2 * self.classes:
-            self.distinct.append(target.unique().numel())
-            self.batch = len(target)
-            if len(self.distinct) == 1:
+        if 2 <= self.classes <= _MAX_CLASSES and len(target) >= 2 and len(self.targets) < _MAX_BATCHES:
+            self.targets.append(target.detach())                # label statistics are computed when the watch ends
+            if len(self.targets) == 1:
                 self.where_first = self.watch.where()
+
+    def _label_stats(self) -> None:
+        """Per batch: size, distinct labels, whether sorted, first and last label; and the labels seen per class."""
+        counts = None
+        for target in self.targets:
+            valid = (target >= 0) & (target < self.classes)     # ignore_index (-100) is not a class
+            batch = torch.zeros(self.classes, device=target.device).scatter_add_(
+                0, target.clamp(0, self.classes - 1), valid.float())
+            counts = batch if counts is None else counts + batch
+            self.batch.append((len(target), (batch > 0).sum(), (target[1:] >= target[:-1]).all(), target[0],
+                               target[-1]))
+        self.counts = counts
+
+    def _probabilities(self, x: torch.Tensor) -> str | None:
+        """For the first few inputs, whether every row is a probability vector (a softmax under another name)."""
+        self.checked_rows += 1
+        if self.checked_rows > 3 or x.ndim != 2 or x.shape[1] < 2 or not x.is_floating_point():
+            return None
+        x = x.detach().float()
+        rows = torch.stack([x.min(), (x.sum(dim=1) - 1).abs().max()]).tolist()
+        return "rows that are probabilities (each non-negative, summing to 1)" if rows[0] >= 0 and rows[1] < 1e-3 \
+            else None
+
+    def _unshuffled(self) -> WatchFinding | None:
+        if len(self.batch) < 5 or self.counts is None:
+            return None
+        sizes = sorted(b[0] for b in self.batch)
+        size = sizes[len(sizes) // 2]
+        distinct = floats([b[1] for b in self.batch])
+        ordered = floats([b[2] for b in self.batch])
+        edges = floats([torch.stack([b[3], b[4]]) for b in self.batch])
+        counts = self.counts.float().cpu()
+        seen = int((counts > 0).sum())
+        share = counts[counts > 0] / counts.sum()
+        expected = float((1 - (1 - share) ** size).sum())       # distinct labels in a shuffled batch of this size
+        mean = sum(distinct) / len(distinct)
+        rising = sum(b[0] >= a[1] for a, b in zip(edges, edges[1:])) / (len(edges) - 1)
+        sorted_order = sum(ordered) / len(ordered) >= 0.9 and rising >= 0.9 and size >= 4
+        if seen < 2 or expected < 2.5 or mean > expected / 2 or not (mean < 2 or sorted_order):
+            return None
+        how = ("in sorted label order" if mean >= 2 else "one class at a time")
+        loader = " (its DataLoader has shuffle=False)" if self.sequential else ""
+        return WatchFinding(
+            self.UNSHUFFLED.pitfall,
+            f"the first {len(distinct)} training batches of {size} held {mean:.2f} distinct labels on average, "
+            f"while {seen} classes appeared over them (a shuffled batch of {size} would hold about {expected:.1f}): "
+            f"the training data comes {how}{loader}",
+            {"batches": len(distinct), "distinct labels per batch": round(mean, 3), "classes seen": seen,
+             "expected if shuffled": round(expected, 3), "batches in sorted order": sum(ordered)},
+            self.where_first, since=1)
+
+    def _at_chance(self) -> WatchFinding | None:
+        if len(self.ce) < 50 or self.counts is None or int((self.counts > 0).sum()) < 2:
+            return None
+        values = floats(self.ce)
+        last = sum(values[-20:]) / 20
+        share = self.counts.float().cpu() / self.counts.sum().cpu()
+        entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
+        chance = math.log(self.classes)
+        moved = self.moved()
+        if entropy < 0.95 * chance:
+            return None                 # unbalanced labels (a language model's characters): chance is no landmark
+        if abs(last / chance - 1) > 0.05 or moved is None or moved < 0.2:
+            return None
+        return WatchFinding(
+            self.AT_CHANCE.pitfall,
+            f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last 20), within "
+            f"{abs(last / chance - 1):.0%} of chance (ln({self.classes}) = {chance:.3f}, the labels being balanced), "
+            f"although the optimizer changed the weights by {moved:.0%} of their norm: the model moves but does not "
+            f"learn from these labels; check that each label belongs to its input",
+            {"steps": len(values), "loss, last 20": last, "chance": chance, "label entropy": entropy,
+             "weights moved (relative)": moved}, self.where_loss, certain=False, since=len(values))
 
     def findings(self) -> list[WatchFinding]:
         found = list(self.found.values())
-        if len(self.distinct) >= 5:
-            mean = sum(self.distinct) / len(self.distinct)
-            if mean < 2:
-                found.append(WatchFinding(
-                    self.UNSHUFFLED.pitfall,
-                    f"the first {len(self.distinct)} training batches of {self.batch} held {mean:.1f} distinct "
-                    f"labels on average, of {self.classes} classes: the data comes class by class (shuffle=False?)",
-                    {"distinct labels per batch": self.distinct, "classes": self.classes}, self.where_first))
-        if len(self.ce) >= 50:
-            values = floats(self.ce)
-            last = sum(values[-20:]) / 20
-            chance = math.log(self.classes)
-            if last >= 0.95 * chance:
-                found.append(WatchFinding(
-                    self.AT_CHANCE.pitfall,
-                    f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last "
-                    f"20), at chance: ln({self.classes}) = {chance:.3f}; the labels may not belong to their inputs, or "
-                    f"the model has not started learning yet (a warm-up, a learning rate too small)",
-                    {"steps": len(values), "loss, last 20": last, "ln(classes)": chance}, self.where_loss))
-        return found
+        self._label_stats()
+        return found + [f for f in (self._unshuffled(), self._at_chance()) if f is not None]
 
 
 class LossValues(Detector):
-    """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and the loss."""
+    """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and each loss."""
 
     POISONED_INPUT = Sign("nan-from-a-poisoned-sample", "NaN/inf in a model's input batch")
     NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs")
-    LOSS_RISES = Sign("learning-rate-too-high", "the loss rising >= 30x above its first value and staying >= 3x")
+    LOSS_RISES = Sign("learning-rate-too-high",
+                      "a loss made by a loss function, backpropagated at one line, rising >= 30x above its first value "
+                      "and staying >= 3x")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
         self.inputs: list[tuple[torch.Tensor, int, str, str | None]] = []   # (count of non-finite, step, module, where)
-        self.losses: list[torch.Tensor] = []
-        self.loss_where: str | None = None
+        self.losses: dict[str | None, list[tuple[int, torch.Tensor]]] = {}  # where backward ran -> (step, loss)
+        self.recent: list[torch.Tensor] = []
+        self.count = 0                           # scalar losses backpropagated
+        self.minimised: set[str | None] = set()  # the series made by a loss function (cross_entropy, mse_loss...)
         self.check_modules = False
-        self.first_bad_module: str | None = None
+        self.checked = 0                         # forward passes checked for a non-finite output
+        self.first_bad: tuple[str, bool] | None = None   # (module, whether its own weights were all finite)
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if root and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and self.watch.active:
@@ -117,57 +209,81 @@ class LossValues(Detector):
                                     self.watch.module_name(module), None))
 
     def forward(self, module: nn.Module, output: Any, root: bool) -> None:
-        if self.check_modules and self.first_bad_module is None and isinstance(output, torch.Tensor) \
-                and output.is_floating_point() and not bool(torch.isfinite(output.detach()).all()):
-            self.first_bad_module = f"{self.watch.module_name(module)} ({type(module).__name__})"
+        if not self.check_modules or self.first_bad is not None:
+            return
+        if isinstance(output, torch.Tensor) and output.is_floating_point() \
+                and not bool(torch.isfinite(output.detach()).all()):
+            own = list(module.parameters(recurse=False))
+            finite = all(bool(torch.isfinite(p.detach()).all()) for p in own)
+            self.first_bad = (f"{self.watch.module_name(module)} ({type(module).__name__})", finite and bool(own))
+        elif root:
+            self.checked += 1
 
     def backward(self, tensor: torch.Tensor) -> None:
         if tensor.numel() == 1 and self.watch.active:
-            self.losses.append(tensor.detach().reshape(()).clone())
-            if self.loss_where is None:
-                self.loss_where = self.watch.where()
-            if not self.check_modules and len(self.losses) % 10 == 0:
-                self.check_modules = not all(math.isfinite(v) for v in floats(self.losses[-10:]))
+            value = tensor.detach().reshape(()).clone()
+            where = self.watch.where(frames=2)          # one series per line (and caller): a GAN's two losses apart
+            self.losses.setdefault(where, []).append((self.watch.step + 1, value))
+            if self.watch.graphs._lookup(tensor) is not None:
+                self.minimised.add(where)               # made by a loss function, not a policy gradient's sum
+            self.recent = self.recent[-9:] + [value]
+            self.count += 1
+            if not self.check_modules and self.count % 10 == 0:
+                self.check_modules = not all(math.isfinite(v) for v in floats(self.recent))
 
     def step_post(self, opt, step: int) -> None:
         # on the CPU every step (no cost); on an accelerator every 10th loss, in backward(): one sync per 10 steps
-        if (not self.check_modules and self.losses and self.losses[-1].device.type == "cpu"
-                and not math.isfinite(self.losses[-1].item())):
+        if not self.check_modules and self.recent and self.recent[-1].device.type == "cpu" \
+                and not math.isfinite(self.recent[-1].item()):
             self.check_modules = True
 
+    def _non_finite(self, where: str | None, steps: list[int], losses: list[float], bad: int) -> WatchFinding:
+        finite = losses[:bad]
+        if self.first_bad is not None:
+            module, own_finite = self.first_bad
+            after = (f"; in the forward passes after it, the first module whose output was non-finite was {module}"
+                     + (" (its own weights were still finite)" if own_finite else
+                        " (its own weights were already non-finite, written by a step)"))
+        elif self.checked:
+            after = (f"; in the {self.checked} forward pass(es) checked after it, no module's output was "
+                     f"non-finite: the loss computation itself made it (a log of 0? a division by 0?)")
+        else:
+            after = ""                           # no forward ran after it was seen: nothing was checked
+        return WatchFinding(
+            self.NON_FINITE_LOSS.pitfall,
+            f"the loss became {losses[bad]} at step {steps[bad]}, from finite inputs"
+            + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "") + after,
+            {"first non-finite loss at step": steps[bad], "largest finite loss": max(finite) if finite else None,
+             "first non-finite module": self.first_bad[0] if self.first_bad else None,
+             "forward passes checked": self.checked}, where, since=steps[bad])
+
     def findings(self) -> list[WatchFinding]:
-        found = []
         bad_inputs = [(int(n), step, module) for n, step, module, _ in self.inputs if int(n)]
-        losses = floats(self.losses)
-        bad_loss = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        series = {where: ([s for s, _ in v], floats([t for _, t in v])) for where, v in self.losses.items()}
         if bad_inputs:
             n, step, module = bad_inputs[0]
-            found.append(WatchFinding(
+            where = next(iter(series), None)
+            where = where and where.split(" <- ")[0]
+            return [WatchFinding(
                 self.POISONED_INPUT.pitfall,
-                f"the input batch of {module} at step {step} held {n} NaN/inf value(s)"
-                + (f"; the loss was not finite from backward number {bad_loss + 1} on" if bad_loss is not None
-                   else ""),
-                {"step": step, "non-finite input values": n, "batches with them": len(bad_inputs),
-                 "first non-finite loss at step": None if bad_loss is None else bad_loss + 1}, self.loss_where))
-        elif bad_loss is not None:
-            finite = [v for v in losses[:bad_loss]]
-            found.append(WatchFinding(
-                self.NON_FINITE_LOSS.pitfall,
-                f"the loss became {losses[bad_loss]} at backward number {bad_loss + 1}, from finite inputs"
-                + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "")
-                + (f"; after that, the first module with a non-finite output was {self.first_bad_module}"
-                   if self.first_bad_module else
-                   "; no module's output was non-finite: the loss computation itself made it (a log of 0? "
-                   "a division by 0?)" if self.check_modules else ""),
-                {"first non-finite loss at step": bad_loss + 1, "largest finite loss": max(finite) if finite else None,
-                 "first non-finite module": self.first_bad_module}, self.loss_where))
-        elif len(losses) >= 10 and losses[0] > 0:
-            peak = max(losses)
-            last = sum(losses[-5:]) / 5
-            if peak >= 30 * losses[0] and last >= 3 * losses[0]:
-                found.append(WatchFinding(
-                    self.LOSS_RISES.pitfall,
-                    f"the loss rose from {losses[0]:.3g} (step 1) to {peak:.3g} (step {losses.index(peak) + 1}) "
-                    f"and is still {last:.3g} over the last 5 steps: the steps are far too large",
-                    {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, self.loss_where))
-        return found
+                f"the input batch of {module} at step {step} held {n} NaN/inf value(s)",
+                {"step": step, "non-finite input values": n, "batches with them": len(bad_inputs)}, where,
+                since=step)]
+        found = []
+        for where, (steps, losses) in series.items():
+            bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+            if bad is not None:
+                found.append(self._non_finite(where and where.split(" <- ")[0], steps, losses, bad))
+            elif len(losses) >= 10 and losses[0] > 0 and where in self.minimised:
+                peak = max(losses)
+                last = sum(losses[-5:]) / 5
+                if peak >= 30 * losses[0] and last >= 3 * losses[0]:
+                    at = losses.index(peak)
+                    found.append(WatchFinding(
+                        self.LOSS_RISES.pitfall,
+                        f"the loss rose from {losses[0]:.3g} (step {steps[0]}) to {peak:.3g} (step {steps[at]}) "
+                        f"and is still {last:.3g} over its last 5 steps: each update made it worse",
+                        {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, where.split(" <- ")[0],
+                        since=next(s for s, v in zip(steps, losses) if v >= 3 * losses[0])))
+        found.sort(key=lambda f: f.since)
+        return found[:1]

@@ -14,16 +14,39 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from .detectors import LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector, FrozenUpdated, Graphs, Modes, ZeroGrad
+from .detectors import LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector, FrozenUpdated, Graphs, ZeroGrad
 from .losses import LossCalls, LossValues
-from .report import WatchFinding
+from .modes import Modes
+from .report import WatchFinding, mark_consequences
 from .wrapped import Amp, Samplers
 
 # Every detector, in the order their findings are reported.
 EVERY_DETECTOR: list[type[Detector]] = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, LossValues, Amp, Samplers]
 
+# cause -> the findings it explains: gradients piled up or thrown away, unshuffled data, a softmax fed to the loss,
+# a poisoned batch, a step too large or a non-finite loss leave the loss high, rising or at chance. The cause is
+# reported; the rest are marked as its consequences and do not count as causes of their own.
+_LOSS_SIGNS = {LossValues.LOSS_RISES.pitfall, LossValues.NON_FINITE_LOSS.pitfall, LossCalls.AT_CHANCE.pitfall}
+EXPLAINS: dict[str, set[str]] = {
+    ZeroGrad.NOT_ZEROED.pitfall: _LOSS_SIGNS,
+    ZeroGrad.NOT_ZEROED_IN_TRAINING.pitfall: _LOSS_SIGNS,
+    ZeroGrad.ZEROED_BEFORE_STEP.pitfall: {LossCalls.AT_CHANCE.pitfall},
+    LossCalls.UNSHUFFLED.pitfall: _LOSS_SIGNS,
+    LossCalls.SOFTMAX_FIRST.pitfall: {LossCalls.AT_CHANCE.pitfall},
+    LossValues.POISONED_INPUT.pitfall: _LOSS_SIGNS,
+    LossValues.LOSS_RISES.pitfall: {LossCalls.AT_CHANCE.pitfall, LossValues.NON_FINITE_LOSS.pitfall},
+    LossValues.NON_FINITE_LOSS.pitfall: {LossCalls.AT_CHANCE.pitfall},
+}
+# In-place writes that reset a .grad when they land on its memory (zero_grad's own are seen by wrapping it).
+_RESETS = {"zero_", "fill_", "copy_", "mul_", "_foreach_zero_"}
+
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
 _SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
+
+
+def _path(name: str) -> str:
+    """A submodule's dotted name as code reaches it: "features.0.1" -> ".features[0][1]", "1" -> "[1]"."""
+    return "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in name.split(".")) if name else ""
 
 
 class _Mode(TorchFunctionMode):
@@ -33,42 +56,54 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (getattr(func, "__name__", "") in SHAPE_LOSSES and len(args) > 1 and isinstance(args[1], torch.Tensor)
+        name = getattr(func, "__name__", "")
+        if name not in self.watcher.interesting:              # most calls: nothing to look at
+            return func(*args, **kwargs)
+        if (name in SHAPE_LOSSES and len(args) > 1 and isinstance(args[1], torch.Tensor)
                 and isinstance(args[0], torch.Tensor) and args[0].shape != args[1].shape):
-            result = _warning_at_caller(func, args, kwargs, self.watcher.warned)
+            result = _warning_at_caller(func, args, kwargs)
         else:
             result = func(*args, **kwargs)
         w = self.watcher
         if not w.busy and not torch.compiler.is_compiling():
-            name = getattr(func, "__name__", "")
             if name in w.call_names:
                 w.on_call(name, args, kwargs, result)
             elif name == "backward" and args and isinstance(args[0], torch.Tensor):
                 w.on_backward(args[0])
+            elif name in _RESETS and args and w.zero.ptrs and (name in ("zero_", "copy_", "_foreach_zero_") or (
+                    len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 0)):
+                with w._quiet():
+                    for tensor in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]]):
+                        if isinstance(tensor, torch.Tensor):
+                            w.zero.written(tensor)
         return result
 
 
-def _warning_at_caller(func, args, kwargs, shown: set):
+def _warning_at_caller(func, args, kwargs):
     """Call a loss whose input and target shapes differ; its size warning names the learner's line, as without a watch.
 
-    Called from the mode, the loss's `warnings.warn(..., stacklevel=2)` would name this file. The warning is caught
-    and issued again at the line that called the loss, once per line (the default filter's rule); a filter set to
-    "error" or "ignore" still acts on it.
+    Called from the mode, the loss's `warnings.warn(..., stacklevel=2)` would name this file. For the call,
+    `warnings.warn` is wrapped to pass the stack level of the line that called the loss, so the warning goes through
+    the active filters and that module's registry as it would have ("default": once per line, "always": every call,
+    "error" raises, "ignore" drops it). Nothing changes the filters, which would reset every module's registry.
     """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = func(*args, **kwargs)
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code is not getattr(func, "__code__", None):
-        frame = frame.f_back                     # the loss function's own frame, before the mode was asked
-    frame = frame.f_back if frame is not None and frame.f_back is not None else sys._getframe(1)
-    for w in caught:
-        key = (str(w.message), w.category, frame.f_code.co_filename, frame.f_lineno)
-        if key not in shown:
-            shown.add(key)
-            warnings.warn_explicit(w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
-                                   module=frame.f_globals.get("__name__"))
-    return result
+    caller = sys._getframe(1)
+    while caller is not None and caller.f_code is not getattr(func, "__code__", None):
+        caller = caller.f_back                   # the loss function's own frame, before the mode was asked
+    caller = caller.f_back if caller is not None else None
+    original = warnings.warn
+
+    def warn(message, category=None, stacklevel=1, source=None):
+        frame, level = sys._getframe(0), 1
+        while frame is not None and frame is not caller:
+            frame, level = frame.f_back, level + 1
+        return original(message, category, level if frame is not None else stacklevel + 1, source)
+
+    warnings.warn = warn
+    try:
+        return func(*args, **kwargs)
+    finally:
+        warnings.warn = original
 
 
 class Watcher:
@@ -80,12 +115,21 @@ class Watcher:
         self.depth = 0
         self.names: dict[int, str] = {}
         self.last_scaler = None
-        self.warned: set = set()
         self.detectors = [d(self) for d in EVERY_DETECTOR]
+        self.zero = next(d for d in self.detectors if isinstance(d, ZeroGrad))
+        self.graphs = next(d for d in self.detectors if isinstance(d, Graphs))
+        self.root: nn.Module | None = None                # the outermost module of the forward under way
+        self.opt_params: dict[int, frozenset[int]] = {}   # id(optimizer) -> ids of its parameters that train
+        self.opt_steps: dict[int, int] = {}               # id(optimizer) -> steps observed
+        self.trained: set[int] = set()                    # ids of parameters an optimizer stepped
+        self.loader_sequential: bool | None = None        # whether the DataLoader iterated last has shuffle=False
         self.call_names = LOSS_CALLS | SUM_CALLS | {"softmax"}
+        self.interesting = frozenset(self.call_names | SHAPE_LOSSES | _RESETS | {"backward"})
+        self.popped = False                                   # the function mode is off the stack inside step()
         self._by = {m: [getattr(d, m) for d in self.detectors if hasattr(d, m)]
                     for m in ("call", "backward", "forward_pre", "forward", "step_pre", "step_post")}
         self.handles: list[Any] = []
+        self._counted: dict[int, int] = {}
         self.patches: list[tuple[Any, str, Any]] = []
 
     @property
@@ -93,18 +137,19 @@ class Watcher:
         return self.step < self.steps
 
     # --- what the detectors ask ---------------------------------------------------------------------------
-    def where(self, outside_forward: bool = False) -> str | None:
-        """file:line of the innermost frame outside torch, runpy and this watch (and, if asked, outside forward())."""
-        frame = sys._getframe(1)
-        while frame is not None:
+    def where(self, outside_forward: bool = False, frames: int = 1) -> str | None:
+        """file:line of the innermost frame outside torch, runpy and this watch (and, if asked, outside forward());
+        with frames=2, that line and the user line that called its function (a helper called twice apart)."""
+        frame, found = sys._getframe(1), []
+        while frame is not None and len(found) < frames:
             name = frame.f_code.co_filename
             if (not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen")
                     and "contextlib" not in name
                     and not (outside_forward and frame.f_code.co_name == "forward"
                              and isinstance(frame.f_locals.get("self"), nn.Module))):
-                return f"{name}:{frame.f_lineno}"
+                found.append(f"{name}:{frame.f_lineno}")
             frame = frame.f_back
-        return None
+        return " <- ".join(found) if found else None
 
     def module_name(self, module: nn.Module) -> str:
         return self.names.get(id(module), type(module).__name__)
@@ -141,8 +186,10 @@ class Watcher:
             self.depth += 1
             if root:
                 self.forwards += 1
+                self.root = module
                 if id(module) not in self.names:
-                    self.names.update({id(m): (n or type(m).__name__) for n, m in module.named_modules()})
+                    root = type(module).__name__
+                    self.names.update({id(m): root + _path(n) for n, m in module.named_modules()})
             for pre in self._by["forward_pre"]:
                 pre(module, args, root)
 
@@ -155,18 +202,41 @@ class Watcher:
             for post in self._by["forward"]:
                 post(module, output, root)
 
+    def _mode_off(self) -> None:
+        """Inside optimizer.step() the function mode has nothing to see: take it off the stack (it costs a Python
+        call for each of the step's many tensor operations), and put it back in step_post."""
+        stack = torch.overrides._get_current_function_mode_stack()
+        if stack and stack[-1] is self.mode and not self.popped:
+            torch._C._pop_torch_function_stack()
+            self.popped = True
+
+    def _mode_on(self) -> None:
+        if self.popped:
+            torch._C._push_on_torch_function_stack(self.mode)
+            self.popped = False
+
     def step_pre(self, opt, args, kwargs) -> None:
+        self._mode_off()
         if not self.active:
             return
         with self._quiet():
+            count = sum(len(g["params"]) for g in opt.param_groups)
+            known = self.opt_params.get(id(opt))
+            if known is None or self._counted.get(id(opt)) != count:
+                self._counted[id(opt)] = count
+                self.opt_params[id(opt)] = frozenset(id(p) for g in opt.param_groups for p in g["params"]
+                                                     if p.requires_grad)
+                self.trained |= self.opt_params[id(opt)]
             for pre in self._by["step_pre"]:
                 pre(opt, self.step + 1)
 
     def step_post(self, opt, args, kwargs) -> None:
+        self._mode_on()
         if not self.active:
             return
         with self._quiet():
             self.step += 1
+            self.opt_steps[id(opt)] = self.opt_steps.get(id(opt), 0) + 1
             self.depth = 0
             for post in self._by["step_post"]:
                 post(opt, self.step)
@@ -211,6 +281,7 @@ class Watcher:
                 norm = original(*args, **kwargs)
                 with watcher._quiet():
                     amp.clip(norm)
+                    watcher.zero.clipped(norm)
                 return norm
             return wrapper
 
@@ -222,11 +293,36 @@ class Watcher:
         self._patch(torch.nn.utils, "clip_grad_norm_", clip)
         self._patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip)
         self._patch(DataLoader, "__iter__", lambda o: around(o, lambda loader, *a: samplers.loader_iter(loader)))
+
+        def zero_grad(original):
+            def wrapper(owner, *args, **kwargs):
+                result = original(owner, *args, **kwargs)
+                if watcher.active and not watcher.busy:
+                    with watcher._quiet():
+                        watcher.zero.zeroed(owner)
+                return result
+            return wrapper
+
+        self._patch(torch.optim.Optimizer, "zero_grad", zero_grad)
+        self._patch(nn.Module, "zero_grad", zero_grad)
+        # torch.compile(module) warns when any global module hook is installed; the watch's own must not make it
+        # print what the script alone would not. A hook the script installed itself still makes it warn.
+        own = {h.id for h in self.handles}
+        dicts = [module_hooks._global_forward_pre_hooks, module_hooks._global_forward_hooks,
+                 module_hooks._global_backward_pre_hooks, module_hooks._global_backward_hooks]
+
+        def any_global_hook(original):
+            def wrapper():
+                return any(set(d) - own for d in dicts)
+            return wrapper
+
+        self._patch(module_hooks, "_has_any_global_hook", any_global_hook)
         self.mode = _Mode(self)
         self.mode.__enter__()
 
     def remove(self) -> None:
         try:
+            self._mode_on()                         # a step() that raised never reached step_post
             self.mode.__exit__(None, None, None)
         finally:
             for handle in self.handles:
@@ -240,4 +336,4 @@ class Watcher:
         with torch._C.DisableTorchFunction():
             for detector in self.detectors:
                 found += detector.findings()
-        return found
+        return mark_consequences(found, EXPLAINS)

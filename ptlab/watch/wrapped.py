@@ -105,9 +105,11 @@ class Samplers(Detector):
         self.found: WatchFinding | None = None
 
     def loader_iter(self, loader) -> None:
+        from torch.utils.data import SequentialSampler
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = getattr(loader, "sampler", None)
+        self.watch.loader_sequential = isinstance(sampler, SequentialSampler)
         if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
             seen = self.epochs.setdefault(id(sampler), [])
             if seen.count(sampler.epoch) >= 2:     # a third pass with one epoch: a peek plus one epoch is only 2

@@ -209,7 +209,8 @@ def test_detector_can_fail_accumulation_without_zeroing():
             opt.step()
             if i == 100:                                        # never: zeroing was forgotten
                 opt.zero_grad()
-    assert "missing-zero-grad" in report.pitfalls
+    assert report.pitfalls == ["missing-zero-grad-training"]   # one finding for one bug (16 steps: the loop's id)
+    assert report.exit_status == 1
 
 
 def _train_steps(steps: int = 12) -> list[torch.Tensor]:
@@ -247,7 +248,8 @@ def _installed() -> dict[str, object]:
             "step pre hooks": len(o._global_optimizer_pre_hooks), "step post hooks": len(o._global_optimizer_post_hooks),
             "modes": len(_get_current_function_mode_stack()),
             "patched": [torch.amp.GradScaler.scale, torch.amp.GradScaler.step, torch.amp.GradScaler.update,
-                        torch.amp.GradScaler.unscale_, nn.utils.clip_grad_norm_, DataLoader.__iter__]}
+                        torch.amp.GradScaler.unscale_, nn.utils.clip_grad_norm_, DataLoader.__iter__,
+                        torch.optim.Optimizer.zero_grad, nn.Module.zero_grad, m._has_any_global_hook]}
 
 
 def test_no_hook_left_installed_even_after_an_error():
@@ -303,7 +305,7 @@ def test_cli_exit_0_when_clean(tmp_path, capsys):
     out = tmp_path / "w.json"
     assert cli(["watch", str(script), "--epochs", "7", "--json", str(out)]) == 0
     assert "done 7" in capsys.readouterr().out                  # the script's own argument reached it
-    assert json.loads(out.read_text()) == {"findings": [], "steps_observed": 7}
+    assert json.loads(out.read_text()) == {"findings": [], "steps_observed": 7, "looked_for": list(DETECTS)}
 
 
 @pytest.mark.filterwarnings("ignore:Using a target size")  # the script's own bug warns
@@ -315,7 +317,7 @@ def test_cli_exit_1_and_json_when_found(tmp_path, capsys):
     assert data["steps_observed"] == 3
     assert [f["pitfall"] for f in data["findings"]] == ["broadcast-loss-shape"]
     finding = data["findings"][0]
-    assert set(finding) == {"pitfall", "message", "evidence"}
+    assert set(finding) == {"pitfall", "kind", "message", "evidence"} and finding["kind"] == "cause"
     assert finding["evidence"]["where"].endswith("train.py:11")
     assert "python -m ptlab pitfalls run broadcast-loss-shape" in capsys.readouterr().out
 

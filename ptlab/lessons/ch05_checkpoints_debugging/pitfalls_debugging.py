@@ -185,3 +185,41 @@ def inputs_on_another_device(buggy: bool) -> Outcome:
                  "output shape": str(tuple(out.shape)) if out is not None else "-"},
         checks=[Check("forward pass", error, "contains 'is not on the expected device'")],
     )
+
+
+@pitfall(
+    id="zero-grad-after-backward", chapter=5,
+    title="zero_grad() between backward() and step(): every step finds no gradient, and the model never learns",
+    symptom="after 50 SGD steps every weight is exactly as initialised and the accuracy stays below 0.5 (chance is "
+            "0.33), where the same loop with zero_grad() before backward() gets above 0.9",
+    why="""backward() writes the gradients into .grad and step() reads them from there. zero_grad() in between
+    sets every .grad to None (or to zeros with set_to_none=False), so step() finds nothing to apply: SGD and
+    Adam skip a parameter whose .grad is None. Nothing raises, the loss is computed and printed every step, and
+    it simply never moves. It often comes from moving lines around, or from a helper that 'cleans up' after
+    backward.""",
+    catch="""Keep the three lines in this order: zero_grad(), backward(), step() (or zero_grad() right after
+    step()). A loss that does not move at all, with weights that are exactly the initial ones, is the tell:
+    check torch.equal on one weight before and after a step, or look at p.grad just before step(); the watch
+    (`python -m ptlab watch`) reports a zero_grad() between the last backward() and the step.""",
+)
+def zero_grad_after_backward(buggy: bool) -> Outcome:
+    X, y = blobs()
+    torch.manual_seed(0)
+    model = blob_mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(50):
+        loss = nn.functional.cross_entropy(model(X), y)
+        if not buggy:
+            opt.zero_grad()                                     # FIX: clear the old gradients before backward
+        loss.backward()
+        if buggy:
+            opt.zero_grad()                                     # BUG: throws away the gradients just computed
+        opt.step()
+    unchanged = sum(torch.equal(p.detach(), s) for p, s in zip(model.parameters(), start))
+    accuracy = _accuracy(model, X, y)
+    return Outcome(
+        figures={"weight tensors unchanged (of 6)": unchanged, "accuracy": accuracy, "last loss": loss.item()},
+        checks=[Check("weight tensors exactly as initialised (of 6)", unchanged, "== 6"),
+                Check("accuracy after 50 steps", accuracy, "< 0.5")],
+    )
