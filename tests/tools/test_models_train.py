@@ -170,3 +170,24 @@ def test_small_cnn_difficulty_contract() -> None:
               f"({history.seconds[i]:.1f} s)")
     assert 0.80 <= history.val_acc[-1] <= 0.95
     assert 0.80 <= test_accuracy <= 0.95
+
+
+def test_a_batch_scheduler_is_not_stepped_when_the_grad_scaler_skips_the_optimizer_step() -> None:
+    """The chapter 6 pitfall (scheduler-on-skipped-steps) must not be in the course's own loop: a scale so high
+    that the first scaled gradients overflow makes GradScaler skip optimizer.step(); the scheduler waits too."""
+    import warnings
+
+    train, test = separable_loaders()
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)     # 8 x the loss x 2**127 overflows float32 (2**128)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model, train, test, opt, epochs=1, loss_fn=lambda logits, y: 8 * nn.functional.cross_entropy(logits, y),
+            scheduler=sched, scheduler_step="batch", scaler=scaler, progress=False)
+    steps_taken = int(opt.state[model.weight]["step"])             # Adam counts the steps it really took
+    assert 0 < steps_taken < len(train)                            # some steps were skipped, not all
+    assert sched.last_epoch == steps_taken
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
