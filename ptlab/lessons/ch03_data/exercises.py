@@ -36,7 +36,8 @@ def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any])
 
 def _is_empty(fn: Callable) -> bool:
     """True for a function whose body is only `...` or `pass`."""
-    return getattr(fn, "__code__", None) is not None and fn.__code__.co_code == (lambda worker_id: None).__code__.co_code
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_code == (lambda worker_id: None).__code__.co_code
 
 
 def _is_the_chapters_fix(fn: Callable) -> bool:
@@ -71,7 +72,8 @@ def _start_method_for(fn: Callable) -> str | None:
          "run is repeated with the same generator seed",
     hint="a worker_init_fn runs inside each worker, where torch.utils.data.get_worker_info() describes that "
          "worker: its own copy of the dataset, and a seed that differs per worker and at each start of the "
-         "workers (every epoch, unless persistent_workers=True) and follows the DataLoader's generator. Reseed from that seed, never from the clock or the OS, so a rerun repeats",
+         "workers (every epoch, unless persistent_workers=True) and follows the DataLoader's generator. Reseed from "
+         "that seed, never from the clock or the OS, so a rerun repeats",
 )
 def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
     import torch

@@ -11,7 +11,8 @@ from ptlab.reference import reference_model
 
 @pitfall(
     id="todtype-without-scale", chapter=3,
-    title="v2.ToDtype(torch.float32) without scale=True keeps pixels in 0-255: Normalize then sees values 255x too large",
+    title="v2.ToDtype(torch.float32) without scale=True keeps pixels in 0-255: Normalize then sees values 255x too "
+          "large",
     symptom="pixels reach more than 1.5 (up to 255) before Normalize and more than 100 after it, where about -2 to 2 "
             "is expected; the figures show what that does to the shipped model's test accuracy",
     why="""`v2.ToImage()` turns an image into a uint8 tensor (C, H, W) with values 0 to 255. `v2.ToDtype(torch.float32)`
@@ -39,7 +40,7 @@ def todtype_without_scale(buggy: bool) -> Outcome:
     with torch.no_grad():
         accuracy = (reference_model().eval()(inputs).argmax(1) == labels).float().mean().item()
     return Outcome(
-        figures={"largest pixel before Normalize": pixels.max().item(),
+        figures={"largest pixel before Normalize": f"{pixels.max().item():g}",    # exact: 255 or 1
                  "largest |value| after Normalize": inputs.abs().max().item(),
                  "shipped model's accuracy on 500 test images": accuracy},
         checks=[Check("largest pixel before Normalize", pixels.max().item(), "> 1.5"),
