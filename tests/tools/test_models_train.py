@@ -192,3 +192,26 @@ def test_a_batch_scheduler_is_not_stepped_when_the_grad_scaler_skips_the_optimiz
     assert 0 < steps_taken < len(train)                            # some steps were skipped, not all
     assert sched.last_epoch == steps_taken
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+
+@pytest.mark.parametrize("scheduler_step", ["batch", "epoch"])
+def test_chapter_4_one_cycle_claims_hold_per_batch_and_fail_per_epoch(scheduler_step: str) -> None:
+    """04_cnn_training.ipynb, section 5 claims that after 2 of 5 epochs AdamW's beta1 is between 0.85 and 0.9, and
+    that the run ends below a learning rate of 1e-6: true for OneCycleLR stepped after every batch, false when it is
+    stepped once per epoch with total_steps counted in batches (the usual mistake). 225 batches per epoch, as the
+    notebook's 7,200 images in batches of 32 (the last lr, one step past the schedule's end, depends on that)."""
+    batches, model = 225, nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=5 * batches)
+    beta1_after_2 = None
+    for epoch in range(1, 6):
+        for _ in range(batches):
+            opt.step()                                   # no gradients: only the schedule matters here
+            if scheduler_step == "batch":
+                sched.step()
+        if scheduler_step == "epoch":
+            sched.step()
+        if epoch == 2:
+            beta1_after_2 = opt.param_groups[0]["betas"][0]
+    claims = 0.85 < beta1_after_2 < 0.9 and sched.get_last_lr()[0] < 1e-6
+    assert claims == (scheduler_step == "batch")
