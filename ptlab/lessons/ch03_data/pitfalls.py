@@ -235,7 +235,7 @@ def _no_fork() -> str | None:
     id="python-objects-per-worker", chapter=3,
     title="A Dataset of millions of Python objects is copied into every forked worker",
     symptom="each of 2 forked workers holds over 30 MiB of private memory after one epoch over a list of 4M "
-            "floats (the same values as a numpy array are 31 MiB)",
+            "floats (the same values as a numpy array are 30.5 MiB)",
     why="""fork shares the parent's memory copy-on-write. Reading a Python object still writes to it: its
     reference count changes, so the page holding it is copied into the worker. Touch every float of a list
     once and every worker owns a full private copy of those pages. A numpy array is one object whose data
@@ -248,7 +248,7 @@ def _no_fork() -> str | None:
     unavailable=_no_fork,
 )
 def python_objects_per_worker(buggy: bool) -> Outcome:
-    values = np.random.default_rng(0).random(4_000_000)                      # (4M,) float64, 31 MiB
+    values = np.random.default_rng(0).random(4_000_000)                      # (4M,) float64, 30.5 MiB
     if buggy:
         values = values.tolist()                                             # BUG: 4M Python floats, each refcounted
     # FIX: keep the numpy array: one object whose buffer is only read
