@@ -81,7 +81,9 @@ def train_one_epoch(
     Modes agree with evaluate(): a model in training mode is left as it is, so a submodule you put in
     eval mode (a frozen BatchNorm) keeps its running statistics; a model wholly in eval mode is trained
     in training mode. Afterwards every submodule has the mode it had before the call.
-    A `scheduler` given here is stepped after every optimizer step (e.g. OneCycleLR).
+    A `scheduler` given here (e.g. OneCycleLR) is stepped after every optimizer step that was taken: when the
+    GradScaler skips a step (an inf or NaN gradient), its scale drops and the scheduler is not stepped either
+    (read with `get_scale()`, a GPU sync; this needs the scaler's default backoff_factor < 1).
     """
     check_model(model)
     check_loader(loader, "loader")
@@ -101,14 +103,17 @@ def train_one_epoch(
                 logits = model(X)                      # (B, num_classes)
                 loss = loss_fn(logits, y)              # mean over the batch
             optimizer.zero_grad(set_to_none=True)
+            stepped = True
             if scaler is not None:
+                scale = scaler.get_scale() if scheduler is not None else None
                 scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
+                scaler.step(optimizer)                 # skips optimizer.step() on an inf/NaN gradient...
+                scaler.update()                        # ...and then lowers the scale
+                stepped = scale is None or scaler.get_scale() >= scale
             else:
                 loss.backward()
                 optimizer.step()
-            if scheduler is not None:
+            if scheduler is not None and stepped:      # a skipped step does not move the schedule on
                 scheduler.step()
             total_loss += loss.item() * len(y)
             correct += count_correct(logits.detach(), y)
@@ -183,7 +188,8 @@ def fit(
     With a time budget, a new epoch starts only if the mean epoch time so far says it will end
     inside the budget (the first epoch of a call always runs). `scheduler.step()` is called once per
     epoch (ReduceLROnPlateau gets the `monitor` metric; give it mode="max" for an accuracy), or after
-    every batch with scheduler_step="batch" (OneCycleLR). Pass the History of an earlier call as
+    every batch whose optimizer step was taken with scheduler_step="batch" (OneCycleLR; a step the
+    GradScaler skips does not move the schedule, see train_one_epoch). Pass the History of an earlier call as
     `history` to continue it: epochs are numbered on and appended to it.
 
     With `checkpoint_dir`, every epoch ends with `last.pt` (model, optimizer, scheduler, GradScaler, epoch,
@@ -332,7 +338,8 @@ def resume_run(folder: str | Path, model: nn.Module, optimizer: torch.optim.Opti
 
 
 def _loader_generators(loader: Any) -> dict[str, torch.Generator]:
-    """The generators a loader shuffles with (its own, its sampler's if that holds another), to checkpoint with the run."""
+    """The generators a loader shuffles with (its own, its sampler's if that holds another), to checkpoint with
+    the run."""
     found: dict[str, torch.Generator] = {}
     generator = getattr(loader, "generator", None) if loader is not None else None
     if isinstance(generator, torch.Generator):

@@ -54,13 +54,18 @@ def seed_numpy_from_torch(worker_id: int) -> None:
     random.seed(seed)
 
 
-def pad_collate(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pad (L_i,) sequences with 0 to (B, L_max); return (padded, lengths (B,), labels (B,))."""
+def pad_collate(batch: list[tuple[torch.Tensor, Any]],
+                padding_value: float = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad (L_i,) sequences with padding_value to (B, L_max); return (padded, lengths (B,), labels (B,)).
+
+    To pass another padding_value as a collate_fn, use functools.partial(pad_collate, padding_value=-1): unlike a
+    lambda, it can be pickled for workers started with spawn or forkserver."""
     if not batch:
         raise ValueError("pad_collate got an empty batch")
     sequences, labels = zip(*batch)
     lengths = torch.tensor([len(s) for s in sequences])
-    padded = torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True, padding_value=0)  # (B, L_max)
+    padded = torch.nn.utils.rnn.pad_sequence(list(sequences), batch_first=True,
+                                             padding_value=padding_value)                          # (B, L_max)
     return padded, lengths, default_collate(list(labels))
 
 

@@ -10,8 +10,21 @@ from ptlab.workers import seed_worker_numpy_rng
 
 
 def test_the_seeding_exercise_runs_a_module_function_under_the_default_start_method():
-    assert _start_method_for(seed_worker_numpy_rng) is None
-    check_worker_seeding(seed_worker_numpy_rng)   # raises Wrong if the draws repeat
+    assert _start_method_for(reseed_from_torch) is None
+    check_worker_seeding(reseed_from_torch)   # raises Wrong if the draws repeat
+
+
+def calls_the_chapters_fix(worker_id):
+    seed_worker_numpy_rng(worker_id)
+
+
+def test_worker_seeding_refuses_the_chapters_own_fix(capsys):
+    """The numpy-rng-in-init widget shows seed_worker_numpy_rng: handing it in, or a call to it, is not an answer."""
+    import functools
+
+    for answer in (seed_worker_numpy_rng, calls_the_chapters_fix, functools.partial(seed_worker_numpy_rng)):
+        assert check("ch3-worker-seeding", answer) == "wrong"
+        assert "seed_worker_numpy_rng" in capsys.readouterr().out
 
 
 def reseed_from_the_os(worker_id):

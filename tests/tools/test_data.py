@@ -290,3 +290,16 @@ def test_denormalize_inverts_normalize() -> None:
         denormalize(images)
     with pytest.raises(ValueError, match="float tensor"):
         denormalize(torch.zeros(2, 1, 4, 4))
+
+
+def test_the_mirror_symmetry_claim_of_chapter_4_fails_for_a_shape_that_is_not_symmetric() -> None:
+    """04_cnn_training.ipynb, section 7 claims every class's shape is its own left-right mirror image, with the same
+    expression as here; an arrow pointing sideways (arrow_up with x and y swapped) is not, and fails it."""
+    grid = np.linspace(-1, 1, 64)
+    gx, gy = np.meshgrid(grid, grid)
+
+    def mirror_symmetric(mask_of) -> bool:
+        return bool((mask_of(gx, gy) == mask_of(-gx, gy)).all())
+
+    assert all(mirror_symmetric(lambda x, y, name=name: shape_mask(name, x, y)) for name in data.CLASSES)
+    assert not mirror_symmetric(lambda x, y: shape_mask("arrow_up", y, x))          # an arrow pointing left

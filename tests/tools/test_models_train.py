@@ -135,26 +135,27 @@ def test_plot_returns_a_figure_and_leaves_nothing_open() -> None:
     assert plt.get_fignums() == open_before
 
 
-def calibrated_run(epochs: int = 5, augment: bool = True, seed: int = 0) -> tuple[History, float]:
-    """The chapter 4 recipe: SmallCNN at width 24, AdamW + OneCycleLR (peak 6e-3), batch 32, crop + flip, trained on
-    the training part of a 90/10 stratified split, validated on the rest; returns the history and the test accuracy."""
+def calibrated_run(epochs: int = 5, seed: int = 0) -> tuple[History, float]:
+    """The chapter 4 recipe (04_cnn_training.ipynb, section 5): SmallCNN at width 24, AdamW + OneCycleLR (peak 1e-2),
+    batch 32, crop + flip per batch (augment_collate), trained on the training part of a 90/10 stratified split and
+    validated on the rest; returns the history and the test accuracy."""
     from torch.utils.data import Subset
 
-    from ptlab.data import EmbeddedImages, make_transform, train_val_split
+    from ptlab.data import EmbeddedImages, augment_collate, make_transform, train_val_split
     from ptlab.train import evaluate
 
     torch.manual_seed(seed)
-    train_set = EmbeddedImages(train=True, transform=make_transform(augment=augment))
+    raw_train = EmbeddedImages(train=True)                               # uint8 images: augment_collate does the rest
     val_source = EmbeddedImages(train=True, transform=make_transform(augment=False))
     test_set = EmbeddedImages(train=False, transform=make_transform(augment=False))
-    train_idx, val_idx = train_val_split(train_set.targets, val_fraction=0.1, seed=0)
-    train_loader = DataLoader(Subset(train_set, train_idx), batch_size=32, shuffle=True,
+    train_idx, val_idx = train_val_split(raw_train.targets, val_fraction=0.1, seed=0)
+    train_loader = DataLoader(Subset(raw_train, train_idx), batch_size=32, shuffle=True, collate_fn=augment_collate,
                               generator=torch.Generator().manual_seed(seed))
     val_loader = DataLoader(Subset(val_source, val_idx), batch_size=500)
     torch.manual_seed(seed)
     model = SmallCNN(width=24)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=5e-4)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=6e-3, total_steps=epochs * len(train_loader))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=epochs * len(train_loader))
     history = fit(model, train_loader, val_loader, optimizer, epochs=epochs, scheduler=scheduler,
                   scheduler_step="batch", progress=False)
     return history, evaluate(model, DataLoader(test_set, batch_size=500))["acc"]
@@ -170,3 +171,47 @@ def test_small_cnn_difficulty_contract() -> None:
               f"({history.seconds[i]:.1f} s)")
     assert 0.80 <= history.val_acc[-1] <= 0.95
     assert 0.80 <= test_accuracy <= 0.95
+
+
+def test_a_batch_scheduler_is_not_stepped_when_the_grad_scaler_skips_the_optimizer_step() -> None:
+    """The chapter 6 pitfall (scheduler-on-skipped-steps) must not be in the course's own loop: a scale so high
+    that the first scaled gradients overflow makes GradScaler skip optimizer.step(); the scheduler waits too."""
+    import warnings
+
+    train, test = separable_loaders()
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)     # 8 x the loss x 2**127 overflows float32 (2**128)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model, train, test, opt, epochs=1, loss_fn=lambda logits, y: 8 * nn.functional.cross_entropy(logits, y),
+            scheduler=sched, scheduler_step="batch", scaler=scaler, progress=False)
+    steps_taken = int(opt.state[model.weight]["step"])             # Adam counts the steps it really took
+    assert 0 < steps_taken < len(train)                            # some steps were skipped, not all
+    assert sched.last_epoch == steps_taken
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+
+@pytest.mark.parametrize("scheduler_step", ["batch", "epoch"])
+def test_chapter_4_one_cycle_claims_hold_per_batch_and_fail_per_epoch(scheduler_step: str) -> None:
+    """04_cnn_training.ipynb, section 5 claims that after 2 of 5 epochs AdamW's beta1 is between 0.85 and 0.9, and
+    that the run ends below a learning rate of 1e-6: true for OneCycleLR stepped after every batch, false when it is
+    stepped once per epoch with total_steps counted in batches (the usual mistake). 225 batches per epoch, as the
+    notebook's 7,200 images in batches of 32 (the last lr, one step past the schedule's end, depends on that)."""
+    batches, model = 225, nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=5 * batches)
+    beta1_after_2 = None
+    for epoch in range(1, 6):
+        for _ in range(batches):
+            opt.step()                                   # no gradients: only the schedule matters here
+            if scheduler_step == "batch":
+                sched.step()
+        if scheduler_step == "epoch":
+            sched.step()
+        if epoch == 2:
+            beta1_after_2 = opt.param_groups[0]["betas"][0]
+    claims = 0.85 < beta1_after_2 < 0.9 and sched.get_last_lr()[0] < 1e-6
+    assert claims == (scheduler_step == "batch")

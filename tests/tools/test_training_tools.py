@@ -129,7 +129,7 @@ def test_overfit_one_batch_names_the_cause(case: str, expected: str) -> None:
             def forward(self, x):
                 return self.b(torch.relu(self.a(x))).detach()   # the whole output cut from the graph
         model = Cut()
-    elif case == "lr":                     # BatchNorm keeps it finite: the loss rises instead of reaching NaN
+    elif case == "lr":                     # Adam moves a weight by about lr per step: the loss rises, finite
         from ptlab.models import SmallCNN
         model, kwargs = SmallCNN(width=4), {"lr": 1e3}
         X = torch.randn(30, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -236,3 +236,25 @@ def test_overfit_one_batch_aims_at_the_label_smoothing_floor_and_says_so() -> No
     assert plain.loss_floor == 0.0 and plain.target_loss == 0.05 and "(reached 0.05)" in str(plain)
     with pytest.raises(ValueError, match="loss_floor"):
         run(loss_floor=float("nan"))
+
+
+def test_the_diagonal_claim_of_chapter_4_fails_for_predictions_made_in_train_mode() -> None:
+    """04_cnn_training.ipynb, section 6 claims that the confusion matrix's diagonal gives evaluate()'s accuracy: it
+    checks that predict() runs the model as evaluate() does. Predictions made in train mode (BatchNorm normalising
+    with each batch's statistics) break it."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ptlab.train import evaluate
+
+    X = torch.randn(200, 2, generator=torch.Generator().manual_seed(0)) + torch.tensor([10.0, 0.0])   # (200, 2)
+    y = (X[:, 1] > 0).long()
+    model = nn.BatchNorm1d(2)            # running statistics still mean 0, var 1: eval mode sees feature 0 near 10
+    loader = DataLoader(TensorDataset(X, y), batch_size=50)
+    accuracy = evaluate(model, loader)["acc"]
+    as_evaluate = confusion_matrix(*predict(model, loader), num_classes=2)
+    assert as_evaluate.diag().sum().item() / 200 == accuracy                      # the notebook's claim holds
+    model.train()
+    with torch.no_grad():
+        in_train_mode = torch.cat([model(Xb).argmax(dim=1) for Xb, _ in loader])  # (200,): the bug
+    buggy = confusion_matrix(in_train_mode, y, num_classes=2)
+    assert abs(buggy.diag().sum().item() / 200 - accuracy) > 0.1                  # ...and would fail

@@ -6,6 +6,7 @@ from typing import Any, Callable
 from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
 from ptlab.lessons.ch01_tensors.exercises import answer_digest
 from ptlab.lessons.ch03_data.datasets import AugmentWithNumpyRng
+from ptlab.workers import seed_worker_numpy_rng
 from ptlab.lessons.ch03_data.exercise_figures import FIGURES
 
 # The class lists (in the learner's weights' order) the label lookup is checked on; the lookups it expects are
@@ -45,7 +46,16 @@ def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any])
 
 def _is_empty(fn: Callable) -> bool:
     """True for a function whose body is only `...` or `pass`."""
-    return getattr(fn, "__code__", None) is not None and fn.__code__.co_code == (lambda worker_id: None).__code__.co_code
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_code == (lambda worker_id: None).__code__.co_code
+
+
+def _is_the_chapters_fix(fn: Callable) -> bool:
+    """True for ptlab.workers.seed_worker_numpy_rng itself, a partial of it, a copy of its code or a call to it."""
+    fn = getattr(fn, "func", fn)                                  # functools.partial(...) wraps it
+    code = getattr(fn, "__code__", None)
+    return fn is seed_worker_numpy_rng or code is not None and (
+        code.co_code == seed_worker_numpy_rng.__code__.co_code or seed_worker_numpy_rng.__name__ in code.co_names)
 
 
 def _start_method_for(fn: Callable) -> str | None:
@@ -71,8 +81,9 @@ def _start_method_for(fn: Callable) -> str | None:
          "2 epochs draw 16 distinct augmentations from AugmentWithNumpyRng(8), and the same 16 again when the "
          "run is repeated with the same generator seed",
     hint="a worker_init_fn runs inside each worker, where torch.utils.data.get_worker_info() describes that "
-         "worker: its own copy of the dataset, and a seed that differs per worker and per epoch and follows the "
-         "DataLoader's generator. Reseed from that seed, never from the clock or the OS, so a rerun repeats",
+         "worker: its own copy of the dataset, and a seed that differs per worker and at each start of the "
+         "workers (every epoch, unless persistent_workers=True) and follows the DataLoader's generator. Reseed from "
+         "that seed, never from the clock or the OS, so a rerun repeats",
 )
 def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
     import torch
@@ -83,6 +94,9 @@ def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
         raise Wrong(f"expected a function, got {type(init_fn).__name__}")
     if _is_empty(init_fn):
         raise NotAttempted
+    if _is_the_chapters_fix(init_fn):
+        raise Wrong("that is ptlab.workers.seed_worker_numpy_rng, the fix the chapter's pitfall shows: write your "
+                    "own worker_init_fn, in your own words.")
     context = _start_method_for(init_fn)
 
     def two_epochs(seed: int) -> list[int]:

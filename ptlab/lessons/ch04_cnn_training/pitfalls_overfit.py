@@ -15,8 +15,9 @@ from ptlab.overfit import label_smoothing_floor, overfit_one_batch
     id="label-smoothing-overfit-target", chapter=4,
     title="Label smoothing puts a floor under the loss (about 0.50 for 0.1 over 10 classes): an overfit target of 0.05 "
           "can fail on a correct model",
-    symptom="with label_smoothing=0.1 over 10 classes, an overfit ritual that cannot see the smoothing aims at 0.05, "
-            "below the loss floor, fails, and names too few steps or too small a model as the likely cause",
+    symptom="with label_smoothing=0.1 over 10 classes, an overfit ritual that cannot see the smoothing (it aims at "
+            "0.05, below the loss floor) fails on a correct model, and names too few steps or too small a model as the "
+            "likely cause",
     why="""Label smoothing trains against a softened target: `1 - s + s/K` on the true class and `s/K` on each
     of the others (0.91 and 0.01 for `s = 0.1`, `K = 10`). Cross-entropy against a target distribution is
     lowest when the prediction equals it, and that lowest value is the target's entropy, here
@@ -47,9 +48,7 @@ def label_smoothing_overfit_target(buggy: bool) -> Outcome:
         figures={"loss floor, from the formula": floor, "torch's loss at the smoothed target": torch_floor,
                  "target the ritual aimed at": report.target_loss, "lowest loss reached": min(report.losses),
                  "ritual passed": report.passed, "likely causes it named": causes},
-        checks=[Check("target the ritual aimed at", report.target_loss, "== 0.05"),
-                Check("target the ritual aimed at - the loss floor", report.target_loss - floor, "< 0"),
-                Check("ritual passed", report.passed, "is False"),
+        checks=[Check("ritual passed", report.passed, "is False"),
                 Check("likely causes it named", causes, "contains 'too few steps'")],
         series={"loss": report.losses},
     )
