@@ -100,7 +100,9 @@ def _split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ptlab watch SCRIPT [ARGS...] [--steps N] [--json PATH]`: 0 no cause found, 1 found, 2 script failed."""
+    """`python -m ptlab watch SCRIPT [ARGS...] [--steps N] [--json PATH]`.
+
+    Exit status: 0 no cause found, 1 found, 2 the script failed."""
     own, script = _split_argv(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m ptlab watch", description=__doc__.splitlines()[0],
                                      usage="python -m ptlab watch SCRIPT [SCRIPT_ARGS...] [--steps N] [--json PATH]",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any

@@ -73,8 +73,8 @@ class Modes(Detector):
     """Layers running in train mode by mistake: in an evaluation of the trained model, or a frozen BatchNorm."""
 
     TRAIN_MODE_IN_EVAL = Sign("eval-without-eval-mode",
-                              "BatchNorm/Dropout in train mode in passes no backward used: of the trained model outside "
-                              "its training iterations, or of any model in a script that trains nothing")
+                              "BatchNorm/Dropout in train mode in passes no backward used: of the trained model "
+                              "outside its training iterations, or of any model in a script that trains nothing")
     FROZEN_BN_TRAINING = Sign("frozen-backbone-batchnorm-train-mode",
                               "a BatchNorm in a frozen backbone (it and every layer before it frozen) in train mode "
                               "while the rest of the model trains")

@@ -1,4 +1,5 @@
-"""Chapter 4 exercises: right answers accepted, typical wrong ones rejected with a hint, the untouched cells not attempted."""
+"""Chapter 4 exercises: right answers accepted, typical wrong ones rejected with a hint, the untouched cells not
+attempted."""
 import json
 from pathlib import Path
 
@@ -81,8 +82,10 @@ def test_chapter_4_exercises_accept_right_and_reject_wrong_answers(capsys) -> No
     assert check("ch4-overfit-cause", lambda m: m) == "wrong"                       # still frozen
     assert "frozen parameters" in capsys.readouterr().out
     assert check("ch4-overfit-cause", lambda m: SmallCNN(width=8)) == "wrong"       # a new model is not a repair
-    assert check("ch4-overfit-cause", lambda m: m.apply(lambda mod: mod.reset_parameters()
-                                                        if isinstance(mod, nn.Linear) else None).requires_grad_(True)) == "wrong"
+    def reset_linear(m):
+        return m.apply(lambda mod: mod.reset_parameters() if isinstance(mod, nn.Linear) else None).requires_grad_(True)
+
+    assert check("ch4-overfit-cause", reset_linear) == "wrong"
     assert "weights changed" in capsys.readouterr().out
 
 

@@ -1,4 +1,5 @@
-"""ptlab.lessons.ch04_cnn_training.finetune: the download guard has teeth, and the few-shot data is seeded and balanced."""
+"""ptlab.lessons.ch04_cnn_training.finetune: the download guard has teeth, and the few-shot data is seeded and
+balanced."""
 from __future__ import annotations
 
 import urllib.request

@@ -245,7 +245,8 @@ def _installed() -> dict[str, object]:
     from torch.overrides import _get_current_function_mode_stack
 
     return {"forward hooks": len(m._global_forward_hooks), "forward pre hooks": len(m._global_forward_pre_hooks),
-            "step pre hooks": len(o._global_optimizer_pre_hooks), "step post hooks": len(o._global_optimizer_post_hooks),
+            "step pre hooks": len(o._global_optimizer_pre_hooks),
+            "step post hooks": len(o._global_optimizer_post_hooks),
             "modes": len(_get_current_function_mode_stack()),
             "patched": [torch.amp.GradScaler.scale, torch.amp.GradScaler.step, torch.amp.GradScaler.update,
                         torch.amp.GradScaler.unscale_, nn.utils.clip_grad_norm_, DataLoader.__iter__,
@@ -400,7 +401,8 @@ def test_the_catalogue_marks_exactly_the_detected_pitfalls():
 
     rows = catalogue_markdown().splitlines()
     assert rows[0].split("|")[4].strip() == "Watch"
-    marked = {row.rsplit("|", 2)[-2].strip().split()[-1].rstrip("`") for row in rows[2:] if row.split("|")[4].strip() == "✔"}
+    marked = {row.rsplit("|", 2)[-2].strip().split()[-1].rstrip("`") for row in rows[2:]
+              if row.split("|")[4].strip() == "✔"}
     assert marked == set(DETECTS)
 
 

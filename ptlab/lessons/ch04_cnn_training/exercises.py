@@ -62,7 +62,8 @@ def _matches(model: nn.Module, weights: dict[str, list[float]]) -> bool:
     id="ch4-fix-training-loop", chapter=4,
     task="fix train_steps(model, optimizer, batches) so it trains correctly and returns the mean loss as a float",
     hint="check the four things every training step depends on: the mode the model is in, what cross_entropy "
-         "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps alive",
+         "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps "
+         "alive",
 )
 def check_fix_training_loop(train_steps) -> None:
     if _same_code(train_steps, untouched_train_steps):

@@ -59,7 +59,8 @@ def few_shot_indices(per_class: int, seed: int = 0) -> torch.Tensor:
     return torch.cat(picks)
 
 
-def few_shot_batches(per_class: int, batch_size: int = 32, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def few_shot_batches(per_class: int, batch_size: int = 32,
+                     seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless augmented batches (X (B, 3, 32, 32), y (B,) in 0..3) of the few labelled FINETUNE_CLASSES images."""
     for X, y in batch_stream(seed=seed, augment=True, indices=few_shot_indices(per_class, seed), batch_size=batch_size):
         yield X, relabel(y, FINETUNE_CLASSES)
@@ -91,8 +92,10 @@ def largest_change(before: list[torch.Tensor], after: list[torch.Tensor]) -> flo
     return max(((a - b).abs().max().item() for a, b in zip(after, before)), default=0.0)
 
 
-def batch_stepper(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], lr: float = 1e-3) -> tuple[Callable[[], None], list[float]]:
-    """A callable that takes one AdamW step of model (train mode) on one fixed batch, and the list of losses it appends to."""
+def batch_stepper(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+                  lr: float = 1e-3) -> tuple[Callable[[], None], list[float]]:
+    """A callable that takes one AdamW step of model (train mode) on one fixed batch, and the list of losses it
+    appends to."""
     X, y = batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses: list[float] = []

@@ -1,6 +1,7 @@
 """Class imbalance, two remedies: CrossEntropyLoss's `weight=` and a WeightedRandomSampler.
 
-The task is the fine-tuning section's: the four FINETUNE_CLASSES, on the features of the shipped pretrained backbone (frozen, so
+The task is the fine-tuning section's: the four FINETUNE_CLASSES, on the features of the shipped pretrained backbone
+(frozen, so
 each image's 64 features are computed once), with one class cut down to a few training images (`imbalanced_indices`).
 `train_head` trains a linear head on those features for a fixed number of batches, with no remedy, with class weights
 in the loss, or with batches drawn by a WeightedRandomSampler; `head_batches` is the loader it draws from.
@@ -30,13 +31,15 @@ def imbalanced_indices(minority: str, keep: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def backbone_features(backbone: SmallCNN, indices: torch.Tensor, train: bool = True, batch_size: int = 500) -> torch.Tensor:
+def backbone_features(backbone: SmallCNN, indices: torch.Tensor, train: bool = True,
+                      batch_size: int = 500) -> torch.Tensor:
     """The pooled features (N, 4 * width) of the images at `indices` of one split, in eval mode (modes restored)."""
     images, _ = uint8_split(train)
     was_training = [(m, m.training) for m in backbone.modules()]
     backbone.eval()
     try:
-        return torch.cat([backbone.pool(backbone.features(normalize_uint8(images[indices[i:i + batch_size]]))).flatten(1)
+        return torch.cat([backbone.pool(backbone.features(normalize_uint8(images[indices[i:i + batch_size]])))
+                          .flatten(1)
                           for i in range(0, len(indices), batch_size)])
     finally:
         for m, mode in was_training:
@@ -44,7 +47,9 @@ def backbone_features(backbone: SmallCNN, indices: torch.Tensor, train: bool = T
 
 
 def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """N / (num_classes * count of each class): 1 for every class when balanced, large for a rare class (num_classes,)."""
+    """N / (num_classes * count of each class): 1 for every class when balanced, large for a rare class.
+
+    Shape (num_classes,)."""
     counts = torch.bincount(labels, minlength=num_classes).float()
     if (counts == 0).any():
         raise ValueError(f"every class needs at least one label, got counts {counts.long().tolist()}")
@@ -53,7 +58,8 @@ def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 def head_batches(features: torch.Tensor, labels: torch.Tensor, sampler: str, steps: int, batch_size: int = 64,
                  seed: int = 0) -> DataLoader:
-    """`steps` batches drawn with replacement: uniformly over the images ("uniform") or each class equally often ("balanced")."""
+    """`steps` batches drawn with replacement: uniformly over the images ("uniform") or each class equally often
+    ("balanced")."""
     dataset = TensorDataset(features, labels)
     g = torch.Generator().manual_seed(seed)
     if sampler == "uniform":

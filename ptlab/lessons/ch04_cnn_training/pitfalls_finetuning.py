@@ -1,7 +1,8 @@
 """Chapter 4 pitfalls of fine-tuning: a frozen backbone that still changes, through the optimizer or BatchNorm.
 
 Both start from the backbone shipped in data/ (pretrained on PRETRAIN_CLASSES), give it a new head for
-FINETUNE_CLASSES and train on a few labelled images per new class (ptlab/lessons/ch04_cnn_training/finetune.py). What they measure is
+FINETUNE_CLASSES and train on a few labelled images per new class (ptlab/lessons/ch04_cnn_training/finetune.py). What
+they measure is
 what really moved in the part that was meant to stay fixed.
 """
 from __future__ import annotations

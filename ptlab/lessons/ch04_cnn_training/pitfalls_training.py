@@ -116,7 +116,8 @@ def eval_without_eval_mode(buggy: bool) -> Outcome:
 @pitfall(
     id="test-time-augmentation", chapter=4,
     title="Random augmentation left in the test transform makes the predictions, and so the accuracy, random",
-    symptom="the same weights evaluated twice predict a different class for more than 10 of the first 1,000 test images",
+    symptom="the same weights evaluated twice predict a different class for more than 10 of the first 1,000 test "
+            "images",
     why="""RandomCrop and RandomHorizontalFlip draw new random numbers for every image at every pass. In the
     test pipeline they turn a fixed model and a fixed test set into random predictions and a random
     accuracy: comparing two models (or two epochs) then compares noise as much as models. Whether the
@@ -233,7 +234,8 @@ def eval_without_no_grad(buggy: bool) -> Outcome:
     after 40 steps it is still far above ln(10). Weights that grow by about a thousand per step stay far
     from float32's limit, so every loss of this run is finite (the figures count the others), and training
     simply destroys the model. BatchNorm is not what keeps it finite: the notebook runs the same 40 steps
-    with every BatchNorm removed, and those losses are finite too. A NaN needs another mechanism, for example AdamW's decoupled weight decay
+    with every BatchNorm removed, and those losses are finite too. A NaN needs another mechanism, for example AdamW's
+    decoupled weight decay
     (default 0.01): each step multiplies every weight by 1 - lr * weight_decay, which is
     1 - 1000 * 0.01 = -9 here, so the weights grow ninefold per step and pass float32's largest value
     within 40 steps (the chapter checks that multiplier and that count).""",

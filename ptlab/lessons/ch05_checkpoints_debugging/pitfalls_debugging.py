@@ -75,7 +75,8 @@ def deep_mlp(depth: int = 48, width: int = 256) -> nn.Sequential:
     tanh); a hand-written layer scales torch.randn(fan_in, fan_out) by sqrt(2 / fan_in). PyTorch's
     default for nn.Linear, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), is scaled by the fan-in too and does not
     blow up this way; in a stack this deep it shrinks the signal instead (a scale of about 0.4 per layer
-    with zero biases), which is why deep ReLU stacks want Kaiming. Before training, run one batch and print each layer's largest |activation|: a
+    with zero biases), which is why deep ReLU stacks want Kaiming. Before training, run one batch and print each
+    layer's largest |activation|: a
     steady rise per layer is this bug. ptlab.clinic.first_nonfinite(model, X) names the first layer
     whose output is not finite, which tells the model from the data.""",
 )
