@@ -108,7 +108,7 @@ class Report:
                 because = f" [a consequence of {f.consequence_of}]" if f.consequence_of else ""
                 lines.append(f"- {f.pitfall}:{because} {f.message}")
                 if f.where:
-                    lines.append(f"    at {f.where}")
+                    lines.append(f"    at {_shown_place(f.where)}")
                 lines.append(f"    reproduce: python -m ptlab pitfalls run {f.pitfall}")
         if not causes:
             lines.append(self._looked_for())
@@ -116,3 +116,11 @@ class Report:
 
     def __repr__(self) -> str:          # a notebook shows the report as it prints
         return str(self)
+
+
+def _shown_place(where: str) -> str:
+    """`file:line`, or "this notebook cell, line N" for a Jupyter cell (its code lives in a temporary file)."""
+    path, _, line = where.rpartition(":")
+    if "ipykernel_" in path and line.isdigit():
+        return f"this notebook cell, line {line}"
+    return where

@@ -422,3 +422,11 @@ def test_correct_code_a_review_found_flagged_now_gives_no_finding(script, args, 
     out = capsys.readouterr().out
     assert status == 0, out
     assert "no pitfall found" in out
+
+
+def test_a_notebook_cell_is_named_as_such_not_by_its_temporary_file():
+    """A finding in a Jupyter cell points at the cell, never at the kernel's temporary file (a path of the machine)."""
+    from ptlab.watch.report import _shown_place
+
+    assert _shown_place("/tmp/ipykernel_23420/4157901024.py:13") == "this notebook cell, line 13"
+    assert _shown_place("train.py:12") == "train.py:12"
