@@ -5,7 +5,7 @@ from pygments.formatters import HtmlFormatter
 
 CSS = """
 :root { --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0b5cad; --bug: #c0392b;
-        --fix: #1e8449; --side: 16rem; --toc: 15rem; }
+        --fix: #1e8449; --side: 15rem; --toc: 14rem; }
 * { box-sizing: border-box; }
 html { font-size: 16px; }
 body { margin: 0; color: var(--ink); background: #fff; line-height: 1.55;
@@ -25,7 +25,7 @@ img { max-width: 100%; height: auto; }
 .topbar input { flex: 1 1 auto; min-width: 0; padding: 0.35rem 0.5rem; border-radius: 6px; border: 1px solid #57606a;
                 font-size: 0.95rem; }
 .topbar button { padding: 0.35rem 0.7rem; border-radius: 6px; border: 0; background: #0969da; color: #fff; }
-.layout { display: grid; grid-template-columns: var(--side) minmax(0, 1fr) var(--toc); gap: 2rem;
+.layout { display: grid; grid-template-columns: var(--side) minmax(0, 1fr) var(--toc); gap: 1.5rem;
           max-width: 100rem; margin: 0 auto; padding: 0 1rem; }
 .sidebar { grid-column: 1; grid-row: 1 / span 2; position: sticky; top: 3.2rem; align-self: start;
            max-height: calc(100vh - 3.5rem); overflow-y: auto;
@@ -45,10 +45,11 @@ img { max-width: 100%; height: auto; }
 .toc summary { cursor: pointer; }
 .toc li.level-3 a { padding-left: 1.2rem; color: var(--muted); }
 main { grid-column: 2; grid-row: 1 / span 2; min-width: 0; padding: 1rem 0 3rem; }
-main .page { max-width: 56rem; }
+main .page { max-width: 60rem; }
 main h1 { font-size: 1.9rem; line-height: 1.25; }
 main h2 { margin-top: 2rem; padding-bottom: 0.2rem; border-bottom: 1px solid var(--line); }
-main h1, main h2, main h3, main h4 { scroll-margin-top: 3.6rem; overflow-wrap: anywhere; }
+main h1, main h2, main h3, main h4 { overflow-wrap: anywhere; }
+[id] { scroll-margin-top: 3.8rem; }   /* an anchor's target is not hidden under the sticky top bar */
 main p, main li { overflow-wrap: anywhere; }
 .anchor-link { margin-left: 0.3rem; text-decoration: none; color: var(--line); font-size: 0.8em; visibility: hidden; }
 :hover > .anchor-link, .anchor-link:focus { visibility: visible; }
