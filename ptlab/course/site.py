@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import nbformat
 from bs4 import BeautifulSoup, NavigableString
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+from ptlab.course import site_pages
+from ptlab.course.pitfalls import all_pitfalls
+from ptlab.course.site_assets import JS, stylesheet
+from ptlab.course.site_notebooks import notebook_html, recorded_runs
+from ptlab.course.site_pages import Section
+from ptlab.gpu_record import LESSONS, load_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 TAGLINE = "PyTorch engineering, learned by breaking it"
@@ -62,8 +71,6 @@ def _first_heading(text: str, fallback: str) -> str:
 
 def plan(course: Path = ROOT) -> list[Page]:
     """Every page in reading order: home, chapters, reference pages, solutions, then the maintainers' guide."""
-    import nbformat
-
     def notebook_page(path: Path, group: str) -> Page:
         nb = nbformat.read(path, as_version=4)
         first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
@@ -93,8 +100,6 @@ def github_slug(text: str) -> str:
 
 def markdown_html(text: str) -> str:
     """Markdown as nbconvert renders a notebook's markdown cell (heading ids as JupyterLab makes them)."""
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune
-
     return markdown2html_mistune(text)
 
 
@@ -210,10 +215,8 @@ def layout(page: Page, pages: list[Page], toc: list[tuple[int, str, str]], scrip
             f"{script_tags}</body></html>\n")
 
 
-def _sections(soups: dict[str, BeautifulSoup], pages: list[Page]) -> dict[str, object]:
+def _sections(soups: dict[str, BeautifulSoup], pages: list[Page]) -> dict[str, Section]:
     """Where each pitfall widget sits: the heading above its card in its chapter page."""
-    from ptlab.course.site_pages import Section
-
     found = {}
     for page in pages:
         if page.group != "Chapters":
@@ -227,23 +230,20 @@ def _sections(soups: dict[str, BeautifulSoup], pages: list[Page]) -> dict[str, o
     return found
 
 
-def _clinic_section(soups: dict[str, BeautifulSoup]) -> object | None:
-    from ptlab.course.site_pages import Section
-
+def _clinic(soups: dict[str, BeautifulSoup]) -> tuple[str, Section]:
+    """Chapter 5's troubleshooting table as stored (the table headed 'likely causes'), and the section holding it."""
     for path, soup in soups.items():
-        heading = soup.find(["h2", "h3"], string=re.compile("troubleshooting clinic", re.I))
-        if heading is not None and heading.get("id"):
-            return Section(path, heading["id"], heading.get_text().replace("¶", "").strip(), heading["id"])
-    return None
+        for table in soup.find_all("table"):
+            head = table.find("tr")
+            if head is not None and "likely causes" in head.get_text():
+                heading = table.find_previous(["h2", "h3"])
+                return str(table), Section(path, heading["id"], heading.get_text().replace("¶", "").strip(),
+                                           heading["id"])
+    raise RuntimeError("no troubleshooting table (a table headed 'likely causes') in the notebooks' stored outputs")
 
 
 def build(out: Path, course: Path = ROOT, say=print) -> list[Page]:
     """Write the whole site into `out` (emptied first) and return its pages in reading order."""
-    from ptlab.course import site_pages
-    from ptlab.course.pitfalls import all_pitfalls
-    from ptlab.course.site_assets import JS, stylesheet
-    from ptlab.course.site_notebooks import notebook_html, recorded_runs
-    from ptlab.gpu_record import LESSONS, load_runs
 
     start = time.perf_counter()
     pages = plan(course)
@@ -264,7 +264,7 @@ def build(out: Path, course: Path = ROOT, say=print) -> list[Page]:
     records = all_pitfalls()
     generated = {
         "pitfalls.html": site_pages.catalogue_page(records, runs, _sections(soups, pages)),
-        "troubleshooting.html": site_pages.troubleshooting_page(_clinic_section(soups)),
+        "troubleshooting.html": site_pages.troubleshooting_page(*_clinic(soups), {p.id for p in records}),
         "gpu-runs.html": site_pages.gpu_page(load_runs(course / "data" / "gpu_runs"), LESSONS),
         "notebooks/solutions/index.html": site_pages.solutions_index(
             [(posixpath.basename(p.path), p.title) for p in pages if p.group == "Solutions" and p.source]),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbconvert import HTMLExporter
 
 from ptlab.course.catalogue import watch_text
 from ptlab.course.pitfalls import Pitfall, get_pitfall
@@ -123,8 +124,6 @@ def _static_widget(source: str, output: dict, runs: dict[str, RecordedRun]) -> d
 
 def notebook_html(path: Path, runs: dict[str, RecordedRun]) -> str:
     """The notebook's cells and stored outputs as HTML (no prompts), each widget view made static."""
-    from nbconvert import HTMLExporter
-
     nb = copy.deepcopy(nbformat.read(path, as_version=4))
     nb.metadata.pop("widgets", None)          # no widget state: nothing for a widget manager to fetch
     for cell in nb.cells:

@@ -3,14 +3,11 @@ the solutions' index and the search page. Links here are relative to the site's 
 from __future__ import annotations
 
 import html
-import importlib
+import re
 from dataclasses import dataclass
 
 from ptlab.course.pitfalls import Pitfall
 from ptlab.course.site_notebooks import RecordedRun, pitfall_card
-
-CLINIC_MODULE = "ptlab.lessons.ch05_checkpoints_debugging.clinic_table"
-
 
 @dataclass(frozen=True)
 class Section:
@@ -48,22 +45,17 @@ def catalogue_page(records: list[Pitfall], runs: dict[str, RecordedRun], section
     return "\n".join(parts)
 
 
-def troubleshooting_page(chapter5: Section | None) -> str:
-    """Chapter 5's table, from symptom to likely causes, what to check first, and the pitfalls that reproduce it."""
-    rows = importlib.import_module(CLINIC_MODULE).clinic_table().rows
-    from ptlab.course.pitfalls import get_pitfall
+PITFALL_IN_TABLE = re.compile(r"\b([a-z0-9]+(?:-[a-z0-9]+)+) \(ch(\d+)\)")
 
-    def links(ids: tuple[str, ...]) -> str:
-        return ", ".join(f'<a href="pitfalls.html#{pid}">{pid}</a> (ch{get_pitfall(pid).chapter})' for pid in ids)
 
-    body = "".join(f"<tr><td><b>{html.escape(r.symptom)}</b></td><td>{html.escape(r.causes)}</td>"
-                   f"<td>{html.escape(r.check)}</td><td>{links(r.pitfalls)}</td></tr>" for r in rows)
-    where = (f' It is the table of chapter 5\'s <a href="{chapter5.page}#{chapter5.anchor}">'
-             f"{html.escape(chapter5.heading)}</a>, where each tool is shown at work." if chapter5 else "")
+def troubleshooting_page(table: str, chapter5: Section, known: set[str]) -> str:
+    """Chapter 5's troubleshooting table as its notebook stored it, each pitfall linked to its catalogue entry."""
+    linked = PITFALL_IN_TABLE.sub(lambda m: (f'<a href="pitfalls.html#{m.group(1)}">{m.group(1)}</a> (ch{m.group(2)})'
+                                             if m.group(1) in known else m.group(0)), table)
     return ("<h1>Troubleshooting</h1><p>From what you see to what usually causes it, what to check first, and the "
-            f"pitfalls that reproduce it (each links to its entry in the catalogue).{where}</p>"
-            "<table><thead><tr><th>symptom</th><th>likely causes</th><th>check first</th>"
-            f"<th>pitfalls (chapter)</th></tr></thead><tbody>{body}</tbody></table>")
+            "pitfalls that reproduce it (each links to its entry in the catalogue). It is the table of chapter 5's "
+            f'<a href="{chapter5.page}#{chapter5.anchor}">{html.escape(chapter5.heading)}</a>, as the notebook '
+            f"stored it; the chapter shows each tool at work.</p>{linked}")
 
 
 def _number(value: int | float) -> str:
