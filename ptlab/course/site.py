@@ -86,7 +86,8 @@ def plan(course: Path = ROOT) -> list[Page]:
               Page("gpu-runs.html", "", "Recorded GPU figures", "Reference", "Recorded GPU figures"),
               Page("notebooks/solutions/index.html", "", "Solutions", "Solutions", "All solutions")]
     pages += [notebook_page(p, "Solutions") for p in sorted((course / "notebooks" / "solutions").glob("*.ipynb"))]
-    pages.append(Page("docs/authoring.html", "docs/authoring.md", "", "Maintainers", "Writing a chapter"))
+    pages += [Page("docs/authoring.html", "docs/authoring.md", "", "Maintainers", "Writing a chapter"),
+              Page("docs/site.html", "docs/site.md", "", "Maintainers", "This website")]
     for page in pages:
         if page.source.endswith(".md"):
             page.title = _first_heading((course / page.source).read_text(encoding="utf-8"), page.label)
