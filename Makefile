@@ -20,7 +20,7 @@ OMP_WAIT_POLICY ?= PASSIVE
 export OMP_WAIT_POLICY
 
 .PHONY: check-setup handout help setup lab lint test test-fast test-unit test-notebooks test-second-config test-browser notebooks bench bench-busy bench-avx2 \
-	doctor lock catalogue clean gpu-check gpu-wheels
+	doctor lock catalogue clean gpu-check gpu-wheels site
 
 help:
 	@echo "make lab            set up .venv and start JupyterLab in the course folder, open at notebooks/"
@@ -35,6 +35,7 @@ help:
 	@echo "make bench-avx2     the same, with AVX-512 switched off (the CPU the budgets are set for)"
 	@echo "make gpu-check      on a GPU machine: every notebook on CUDA, claims asserted, the GPU tests; gpu-report/"
 	@echo "make gpu-wheels     .gpu-wheels/: the wheels a GPU machine with its own torch needs for gpu-check"
+	@echo "make site           the course as a static website in _site/ (stored outputs, no kernel, works from disk)"
 	@echo "make handout        a zip for learners: no solutions, no answers, one top-level folder"
 	@echo "make lock           recompile requirements.lock from requirements.in (needs uv)"
 	@echo "make clean          remove .venv and test artefacts (do this if set-up says the venv is broken)"
@@ -86,11 +87,18 @@ test-notebooks: check-setup $(READY)
 test-second-config: check-setup $(READY)
 	env $(SECOND_CONFIG) $(PY) -m pytest notebooks $(NBVAL) -p no:cacheprovider
 
+# The course as a static website (docs/site.md): every notebook with its stored outputs (nothing is executed), the
+# README, the decisions, the pitfall catalogue, troubleshooting and the GPU records; no network, works from disk.
+# .ci/run builds it before `make test-browser`, whose tests/browser/test_site.py checks it in Chromium.
+SITE ?= _site
+site: check-setup $(READY)
+	$(PY) -m ptlab.course.site --out $(SITE)
+
 # Needs Debian's chromium (apt-get install -y chromium; PTLAB_CHROMIUM=path for another one).
 # PTLAB_UPDATE_DOCS=1 also refreshes docs/widget.png from the screenshot it takes.
 test-browser: check-setup $(READY)
 	@test -x "$${PTLAB_CHROMIUM:-/usr/bin/chromium}" || { echo "make test-browser: no chromium at $${PTLAB_CHROMIUM:-/usr/bin/chromium}; install it: sudo apt-get install -y chromium" >&2; exit 1; }
-	$(PY) -m pytest tests/browser -m browser -p no:cacheprovider -v
+	PTLAB_SITE=$(SITE) $(PY) -m pytest tests/browser -m browser -p no:cacheprovider -v
 
 # Outputs are regenerated on the CPU (a GPU would print its name in error messages and reprs): the
 # command starts every kernel with PTLAB_DEVICE=cpu and CUDA_VISIBLE_DEVICES="" (ptlab.course.nbrun.CPU_ONLY_ENV).
