@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = ROOT / "Makefile"
 # Every target whose recipe runs torch (directly, through pytest or through JupyterLab's kernels).
 TORCH_TARGETS = ("lab", "doctor", "test", "test-fast", "test-unit", "test-notebooks", "test-second-config",
-                 "test-browser", "notebooks", "bench", "bench-busy", "bench-avx2", "gpu-check", "catalogue")
+                 "test-browser", "notebooks", "bench", "bench-busy", "bench-avx2", "gpu-check", "catalogue", "site")
 
 
 def _policy_in_recipe(env: dict[str, str], *make_args: str) -> str:
@@ -58,7 +58,7 @@ def test_ci_runs_torch_only_through_make_targets():
     """.ci/run inherits the rule from the Makefile: no line of it starts Python or pytest itself."""
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     commands = [line for line in lines if line and not line.startswith("#")]
-    assert [c for c in commands if c.startswith("make ")] == ["make test", "make test-second-config",
+    assert [c for c in commands if c.startswith("make ")] == ["make test", "make test-second-config", "make site",
                                                               "make test-browser"]
     assert not [c for c in commands if re.search(r"\b(python3?|pytest|jupyter)\b", c)]
 
