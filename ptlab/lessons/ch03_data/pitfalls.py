@@ -59,8 +59,8 @@ def _nearest_neighbour_on_train():
 @pitfall(
     id="imagefolder-class-order", chapter=3,
     title="ImageFolder numbers classes in sorted order, not in your label order",
-    symptom="a model that is right on every image gets fewer than half of 200 images right (chance is 1 in 10), and "
-            "at most 5 of the 10 classes keep their intended index: labels were permuted, not images",
+    symptom="a model that is right on every image gets fewer than half of 200 images right (chance is 1 in 10): "
+            "labels were permuted, not images; the table counts the classes that keep their intended index",
     why="""ImageFolder sorts the folder names with Python's sorted() (by code point: '10' before '2', 'Zebra'
     before 'apple') and numbers them 0, 1, 2... The weights were trained with the
     project's own order (arrow_up=0, arrow_down=1, ...), where only 'circle' happens to get the same
@@ -81,12 +81,11 @@ def imagefolder_class_order(buggy: bool) -> Outcome:
             folder = relabel_image_folder(folder, intended)                  # FIX: the project's own order
         images, labels = next(iter(DataLoader(folder, batch_size=len(folder))))  # (200, 3, 32, 32), (200,)
     right = int((predict(images) == labels).sum())                           # an exact count, not a measurement
-    same_index = sum(folder.class_to_idx[name] == i for name, i in intended.items())
+    same_index = sum(folder.class_to_idx[name] == i for name, i in intended.items())  # printed: fixed by the names
     return Outcome(
         figures={"images right (of 200)": right, "classes with the intended index": f"{same_index} of {len(intended)}",
                  "class_to_idx['arrow_up']": folder.class_to_idx["arrow_up"]},
-        checks=[Check("images right (of 200), by a model right on every image", right, "< 100"),
-                Check("classes that keep their intended index (of 10)", same_index, "<= 5")],
+        checks=[Check("images right (of 200), by a model right on every image", right, "< 100")],
     )
 
 

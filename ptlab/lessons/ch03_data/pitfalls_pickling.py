@@ -36,8 +36,9 @@ def raised_while_pickling(err: BaseException) -> bool:
 @pitfall(
     id="lambda-collate-under-spawn", chapter=3,
     title="A lambda as collate_fn cannot be sent to workers started with spawn or forkserver",
-    symptom="iterating the loader raises a pickling error in the main process before any worker starts, torch "
-            "warns 'Got pickle error when attempting to start a worker Process', and no batch arrives",
+    symptom="iterating the loader raises a pickling error in the main process while the first worker is being "
+            "started (before any worker runs), torch warns 'Got pickle error when attempting to start a worker "
+            "Process', and no batch arrives",
     why="""Under spawn (the default on macOS and Windows) and forkserver (on Linux from Python 3.14) the DataLoader
     pickles what each worker runs with: the dataset, the collate_fn, the worker_init_fn. pickle stores a function
     as its module and name, for the worker to import again. A lambda has no name there, and a function defined

@@ -225,20 +225,22 @@ def eval_without_no_grad(buggy: bool) -> Outcome:
 
 @pitfall(
     id="learning-rate-too-high", chapter=4,
-    title="A learning rate far too high: the loss shoots up and the model is ruined, in finite numbers",
+    title="A learning rate far too high: the loss shoots up by orders of magnitude and the model is ruined",
     symptom="with Adam at lr=1000 the training loss goes above 100 and is still above 10 after 40 steps "
             "(it starts at ln(10) = 2.303)",
-    why="""Adam divides each gradient by its running root-mean-square, so every weight moves by about lr
-    per step, whatever the gradient's size. At lr=1000 the weights jump by about a thousand each step,
-    the logits follow, and within a few steps the loss is orders of magnitude above where it started;
-    after 40 steps it is still far above ln(10). Weights that grow by about a thousand per step stay far
-    from float32's limit, so every loss of this run is finite (the figures count the others), and training
-    simply destroys the model. BatchNorm is not what keeps it finite: the notebook runs the same 40 steps
-    with every BatchNorm removed, and those losses are finite too. A NaN needs another mechanism, for example AdamW's
-    decoupled weight decay
-    (default 0.01): each step multiplies every weight by 1 - lr * weight_decay, which is
-    1 - 1000 * 0.01 = -9 here, so the weights grow ninefold per step and pass float32's largest value
-    within 40 steps (the chapter checks that multiplier and that count).""",
+    why="""Adam divides each gradient by its running root-mean-square, so every weight moves by about lr per step,
+    whatever the gradient's size. At lr=1000 the weights jump by about a thousand each step, the logits follow, and
+    within a few steps the loss is orders of magnitude above where it started; after 40 steps it is still far above
+    ln(10). In this four-layer network every loss of this run is finite (the figures count the others), and training
+    simply destroys the model. BatchNorm is not what keeps it finite here: the notebook runs the same 40 steps with
+    every BatchNorm removed, checks that those losses are finite too and that no weight moves by more than about
+    1,500 in one of those steps, so none passes about 60,000 in 40 steps, and through four layers the logits stay
+    within float32's range. Depth changes that: in a stack of ten plain convolutions the activations multiply such
+    weights layer after layer and the loss overflows within a few steps, and a BatchNorm after each convolution
+    keeps it finite (the notebook runs both). AdamW's decoupled weight decay (default 0.01) is another way out of
+    float32's range: each step multiplies every weight by 1 - lr * weight_decay, which is 1 - 1000 * 0.01 = -9 here,
+    so the weights grow ninefold per step, and a weight of a thousand passes float32's largest value within 40 such
+    steps (the chapter checks that multiplier and prints that count).""",
     catch="""Log the loss every step: a loss far above its starting value (ln(num_classes) for a fresh
     classifier) means the step is too large; stop at the first non-finite one with torch.isfinite(loss).
     Start from a known-good learning rate (1e-3 to 1e-2 for Adam), keep lr * weight_decay far below 1,
@@ -290,6 +292,29 @@ def adam_at_lr_1000_without_batchnorm(steps: int = 40) -> tuple[list[float], flo
         largest_move = max(largest_move, *((p.detach() - b).abs().max().item()
                                            for p, b in zip(model.parameters(), before)))
     return losses, largest_move / 1e3
+
+
+def adam_at_lr_1000_deep_plain_cnn(batchnorm: bool, depth: int = 10, steps: int = 40) -> list[float]:
+    """Adam at lr=1000 on `depth` 3x3 convolutions of width 24, each followed by a ReLU (with a BatchNorm2d before
+    it when batchnorm), global average pooling and a linear head: its losses on `steps` batches of 16."""
+    torch.manual_seed(0)
+    layers, channels = [], 3
+    for _ in range(depth):
+        layers.append(nn.Conv2d(channels, 24, 3, padding=1, bias=False))       # (B, 24, 32, 32)
+        if batchnorm:
+            layers.append(nn.BatchNorm2d(24))                                   # renormalises every layer
+        layers.append(nn.ReLU())
+        channels = 24
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e3)
+    losses = []
+    for _, (X, y) in zip(range(steps), batch_stream(seed=0, batch_size=16)):
+        loss = F.cross_entropy(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
 
 
 @pitfall(
