@@ -42,12 +42,19 @@ def comparison_block(stdout: str, pitfall_id: str) -> str | None:
     lines = stdout.splitlines()
     if pitfall_id not in lines:
         return None
-    block = []
+    block, runs = [], {"bug on": 0, "fixed": 0}
     for line in lines[lines.index(pitfall_id) + 1:]:
         if line.startswith("skipped: "):
             return line
-        if line.startswith("  ") or RUN_LINE.match(line) or (not block and line.strip() == ""):
+        run = RUN_LINE.match(line)
+        # Both runs check the same statements, so there are as many fixed lines as bug-on lines: a later
+        # '✔ fixed: ...' line is the notebook's own claim (07:c38), not the comparison's.
+        if run and run[1] == "fixed" and runs["fixed"] >= runs["bug on"]:
+            break
+        if line.startswith("  ") or run or (not block and line.strip() == ""):
             block.append(line)
+            if run:
+                runs[run[1]] += 1
         else:
             break
     return "\n".join(block) if block else None
@@ -86,7 +93,7 @@ def pitfall_card(record: Pitfall, run: RecordedRun | None, title_tag: str = "div
         where = html.escape(Path(run.notebook).name)
         recorded = (f'<p class="recorded"><b>Recorded runs</b>, bug on and fixed, as <code>compare_pitfall</code> '
                     f'printed them in {where} when its outputs were last generated (on a CPU; a figure marked ≈ '
-                    'varies from machine to machine). The widget needs a live kernel: open the notebook in '
+                    'may vary from machine to machine). The widget needs a live kernel: open the notebook in '
                     f'JupyterLab, or run <code>python -m ptlab pitfalls run {record.id}</code>.</p>'
                     f'<pre class="pitfall-runs">{html.escape(run.text)}</pre>')
         if plots:

@@ -31,8 +31,8 @@ def catalogue_page(records: list[Pitfall], runs: dict[str, RecordedRun], section
     chapters = sorted({p.chapter for p in records})
     index = " · ".join(f'<a href="#chapter-{c}">chapter {c}</a>' for c in chapters)
     parts = [f"<h1>Pitfall catalogue</h1><p>{len(records)} pitfalls, each a runnable reproduction in "
-             "<code>ptlab</code>: the same function runs with the bug on and fixed, and the symptom is what it "
-             f"measured. By chapter: {index}.</p>"
+             "<code>ptlab</code>: the same function runs with the bug on and fixed; the symptom says what it "
+             f"measures, and its figures are under <b>Recorded runs</b>. By chapter: {index}.</p>"
              '<div class="note">This page is static. The figures under <b>Recorded runs</b> are the ones each '
              "chapter's notebook stored when its outputs were last generated on a CPU; nothing on this page ran "
              "in your browser. To run one yourself: <code>python -m ptlab pitfalls run ID</code> (add "

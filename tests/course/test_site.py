@@ -24,6 +24,9 @@ def test_a_comparison_block_is_the_table_and_the_check_lines_only():
     assert "a claim the cell printed" not in block
     assert comparison_block(STORED, "missing-zero-grad") is None
     assert comparison_block("spawn-x\nskipped: needs Linux\n", "spawn-x") == "skipped: needs Linux"
+    # A claim of the notebook's own that starts like a check line of the fixed run (07:c38) stays out.
+    own_claim = STORED.replace("✔ a claim the cell printed after the comparison", "✔ fixed: the notebook's own claim")
+    assert comparison_block(own_claim, "uint8-overflow") == comparison_block(STORED, "uint8-overflow")
 
 
 def test_every_pitfall_has_a_recorded_run_in_the_committed_notebooks():
