@@ -12,8 +12,14 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 SECOND_CONFIG := OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=AVX2
 # A CPU with AVX2 only (no AVX-512), emulated on a faster one: what the budgets are set for.
 AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+# The thread rule (README, "Threads"), exported to every command below, JupyterLab's kernels and CI's included:
+# torch's idle OpenMP threads sleep (PASSIVE) instead of spinning, so a laptop busy with other programs slows the
+# course down little. A policy set in your environment or on the command line wins. Equal to
+# ptlab.course.nbrun.THREAD_DEFAULTS, which `python -m ptlab notebooks`, `bench` and pytest give kernels themselves.
+OMP_WAIT_POLICY ?= PASSIVE
+export OMP_WAIT_POLICY
 
-.PHONY: check-setup handout help setup lab lint test test-fast test-unit test-notebooks test-second-config test-browser notebooks bench bench-avx2 \
+.PHONY: check-setup handout help setup lab lint test test-fast test-unit test-notebooks test-second-config test-browser notebooks bench bench-busy bench-avx2 \
 	doctor lock catalogue clean gpu-check gpu-wheels
 
 help:
@@ -25,6 +31,7 @@ help:
 	@echo "make test-browser   every notebook and widget in real JupyterLab + Chromium"
 	@echo "make notebooks      re-execute every notebook in place (refresh committed outputs)"
 	@echo "make bench          run every notebook once: time, slowest cell, peak RSS, checked share"
+	@echo "make bench-busy     every notebook quiet, then beside one busy process: the busy/quiet ratios"
 	@echo "make bench-avx2     the same, with AVX-512 switched off (the CPU the budgets are set for)"
 	@echo "make gpu-check      on a GPU machine: every notebook on CUDA, claims asserted, the GPU tests; gpu-report/"
 	@echo "make gpu-wheels     .gpu-wheels/: the wheels a GPU machine with its own torch needs for gpu-check"
@@ -49,15 +56,11 @@ $(READY): requirements.lock pyproject.toml tools/jupyterlab-overrides.json | che
 setup: check-setup $(READY)
 
 # JupyterLab refuses to run as root without --allow-root (Docker, CI); a normal user never needs it.
-# OMP_WAIT_POLICY=PASSIVE (kernels inherit it): torch's idle OpenMP threads sleep instead of spinning, which on a
-# laptop busy with other programs makes a step wait less for a thread that lost its core (README).
-# Set OMP_WAIT_POLICY yourself to override it.
-OMP_WAIT_POLICY ?= PASSIVE
 # Rooted at the course folder, so docs/ (decisions.md) and README.md open in JupyterLab and a notebook's link to
 # ../docs/decisions.md resolves; the browser opens at notebooks/ (the file browser starts there).
 LAB_ARGS := --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
 lab: check-setup $(READY)
-	env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab $(LAB_ARGS) --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) --port=$(PORT) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
 doctor: check-setup $(READY)
 	$(PY) -m ptlab doctor
@@ -99,6 +102,11 @@ notebooks: check-setup $(READY)
 bench: check-setup $(READY)
 	$(PY) -m ptlab doctor
 	$(PY) -m ptlab bench notebooks
+
+# Every notebook quiet, then beside one busy process (pure Python on one core): the busy/quiet ratios.
+bench-busy: check-setup $(READY)
+	$(PY) -m ptlab doctor
+	$(PY) -m ptlab bench --busy notebooks
 
 bench-avx2: check-setup $(READY)
 	env $(AVX2_CPU) $(PY) -m ptlab doctor

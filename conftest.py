@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import os
 
-from ptlab.course.nbrun import KERNEL_ENV
+from ptlab.course.nbrun import KERNEL_ENV, THREAD_DEFAULTS
 
 
 def pytest_configure(config):
-    # nbval's kernels inherit this environment: the same one `make notebooks` executes with.
+    # nbval's kernels (and the browser tests' JupyterLab) inherit this environment: the one `make notebooks`
+    # executes with, and the course's thread rule unless the user set their own.
+    for name, value in THREAD_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     os.environ.update(KERNEL_ENV)
 
 

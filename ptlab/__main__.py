@@ -104,9 +104,10 @@ def _notebooks(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .course.nbrun import bench
+    from .course.bench import bench, busy_bench
 
-    return bench([Path(p) for p in args.paths], markdown=args.markdown)
+    paths = [Path(p) for p in args.paths]
+    return busy_bench(paths, markdown=args.markdown) if args.busy else bench(paths, markdown=args.markdown)
 
 
 def _gpu_check(args: argparse.Namespace) -> int:
@@ -159,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="run every notebook once; time, memory and checked-cell table")
     p.add_argument("paths", nargs="*", default=["notebooks"])
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown, for the README")
+    p.add_argument("--busy", action="store_true",
+                   help="run each notebook quiet, then beside one busy process; print the busy/quiet ratios")
     p.set_defaults(func=_bench)
     p = sub.add_parser("gpu-check", help="every notebook on the GPU with its claims asserted, the GPU tests, a report",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -129,14 +129,14 @@ class Check:
 
     def line(self) -> str:
         """The statement with its value: 'what: ≈0.01 < 0.5', 'what: ≈0.9, not < 0.5',
-        "what: ok, which does not contain 'x'"."""
+        "what: ok, without 'x'"."""
         shown = f"{self.what}: {show(self.value)}"
         if self.bound.startswith("is "):
             return shown  # the value itself says True or False
         if self.holds:
             return f"{shown} {self.bound}"
         if self.bound.strip().startswith("contains "):   # 'not contains' is not English
-            return f"{shown}, which does not contain {self.bound.strip()[len('contains '):]}"
+            return f"{shown}, without {self.bound.strip()[len('contains '):]}"
         return f"{shown}, not {self.bound}"
 
 

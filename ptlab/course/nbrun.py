@@ -1,4 +1,4 @@
-"""Run the course notebooks: refresh outputs in place (`make notebooks`) or benchmark them (`make bench`)."""
+"""Run the course notebooks: refresh outputs in place (`make notebooks`); ptlab.course.bench times them."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,7 @@ from pathlib import Path
 import nbformat
 import psutil
 
-from ptlab.amp import speed_report
 from ptlab.core import env_importing_this_ptlab
-from ptlab.speed_ladder import ladder_report
-from ptlab.thread_pool import thread_report
-from ptlab.watch import overhead_line
 
 SKIP_MARKS = ("NBVAL_SKIP", "NBVAL_IGNORE_OUTPUT")
 # nbval reads a cell's tags as well as comment markers; the course uses tags (learners never see them).
@@ -26,6 +22,11 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 # The environment every notebook kernel gets, here and under nbval: stable hashing, and every
 # DeprecationWarning shown (Python hides those outside __main__), so strict nbval sees any of them.
 KERNEL_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "default::DeprecationWarning"}
+# The course's one thread rule, for every command that runs torch (the Makefile exports the same default; README,
+# "Threads"): torch keeps one thread per core, and OpenMP's idle threads sleep (PASSIVE) instead of spinning, so a
+# step on a laptop busy with other programs does not wait for a thread that lost its core. A policy the user set
+# is kept. OpenMP reads it once, when torch is imported, so it reaches kernels and child processes, not this one.
+THREAD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 # The second configuration CI runs the notebooks in (`make test-second-config`): other float digits,
 # other speed. On any x86 CPU it changes the thread count and the ATen and oneDNN instruction sets.
 SECOND_CONFIG = {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -174,12 +175,18 @@ def coalesce_streams(outputs: list) -> list:
     return merged
 
 
+def with_thread_defaults(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with THREAD_DEFAULTS added where it does not set them (a user's own setting wins)."""
+    return {**THREAD_DEFAULTS, **environ}
+
+
 def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment a notebook kernel starts with: this process's, then KERNEL_ENV, then `extra`; its
+    """The environment a notebook kernel starts with: THREAD_DEFAULTS unless this process's environment sets
+    them, then this process's, then KERNEL_ENV, then `extra`; its
     PYTHONPATH starts with the folder this ptlab is in, so the kernel imports the ptlab that runs it (a
     kernel starts in the notebook's folder, where `import ptlab` would find the one pip installed, which
     in a second checkout of the repository is another one)."""
-    return env_importing_this_ptlab({**os.environ, **KERNEL_ENV, **(extra or {})})
+    return env_importing_this_ptlab({**with_thread_defaults(dict(os.environ)), **KERNEL_ENV, **(extra or {})})
 
 
 def run_notebook(path: Path, write: bool = False, env: dict[str, str] | None = None) -> NotebookRun:
@@ -246,74 +253,3 @@ def budget_problems(run: NotebookRun) -> list[str]:
     if run.checked < BUDGETS["checked"]:
         problems.append(f"only {run.checked:.0%} of code cells output-checked < {BUDGETS['checked']:.0%}")
     return problems
-
-
-def bench(paths: list[Path], markdown: bool = False, speed: bool = True) -> int:
-    """Run every notebook once, even after one fails; print wall time, slowest cell, peak RSS,
-    checked share and pass/fail for each, then (with `speed`) chapter 6's mixed-precision speed
-    table, chapter 8's speed ladder, the watch's overhead on chapter 4's step and the thread pool's step times
-    quiet, beside a busy process and pinned to one core (ptlab.thread_pool.thread_report), then every budget
-    that was broken."""
-    from tqdm.auto import tqdm
-
-    runs, problems = [], []
-    for path in tqdm(notebook_paths(paths), desc="notebooks", unit="nb"):
-        run = run_notebook(path)
-        runs.append(run)
-        problems += [f"{path}: {p}" for p in budget_problems(run)]
-    total = sum(r.wall_s for r in runs)
-    if total > BUDGETS["total_s"]:
-        problems.append(f"the whole course ran {total:.0f} s > {BUDGETS['total_s']:.0f} s")
-    print(bench_table(runs))
-    if markdown:
-        print("\n" + bench_markdown(runs))
-    if speed:
-        print("\n" + speed_report())
-        print("\n" + ladder_report())
-        line, within = overhead_line()
-        print(line)
-        if not within:
-            problems.append(line)
-        print("\n" + "\n".join(thread_report()))
-    for p in problems:
-        print(f"OVER BUDGET OR FAILED: {p}")
-    return 1 if problems else 0
-
-
-def run_verdict(run: NotebookRun) -> str:
-    """'pass', 'FAIL' (a cell raised) or 'over budget'."""
-    return "FAIL" if run.error else "over budget" if budget_problems(run) else "pass"
-
-
-def bench_table(runs: list[NotebookRun]) -> str:
-    """The bench results as a fixed-width table, with the machine it ran on."""
-    import torch
-
-    width = max([len(str(r.path)) for r in runs] + [8])
-    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-             f"CPU capability {torch.backends.cpu.get_cpu_capability()}",
-             f"{'notebook':<{width}}  wall s  slowest cell s  peak RSS MiB  checked  result"]
-    for r in runs:
-        lines.append(f"{str(r.path):<{width}}  {r.wall_s:6.1f}  {r.slowest_cell_s:8.1f} (#{r.slowest_cell:<2})"
-                     f"  {r.peak_rss_mib:12.0f}  {r.checked:6.0%}  {run_verdict(r)}")
-    lines.append(f"{'total':<{width}}  {sum(r.wall_s for r in runs):6.1f}")
-    return "\n".join(lines)
-
-
-def bench_markdown(runs: list[NotebookRun]) -> str:
-    """The bench results as the README's Markdown table."""
-    import platform
-
-    import torch
-
-    rows = [f"Measured by `make bench` on {platform.machine()}, {os.cpu_count()} CPUs, "
-            f"{torch.backends.cpu.get_cpu_capability()} kernels, {torch.get_num_threads()} torch threads:", "",
-            "| Notebook | wall s | slowest cell s | peak memory MiB | compared cells | result |",
-            "|---|---|---|---|---|---|"]
-    for r in runs:
-        rows.append(f"| {r.path.as_posix()} | {r.wall_s:.1f} | {r.slowest_cell_s:.1f} | {r.peak_rss_mib:.0f} "
-                    f"| {r.checked:.0%} | {run_verdict(r)} |")
-    rows.append(f"| **all** | **{sum(r.wall_s for r in runs):.1f}** | | | | |")
-    return "\n".join(rows)
-
-

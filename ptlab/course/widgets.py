@@ -53,6 +53,10 @@ def figures_html(label: str, outcome: Outcome) -> str:
             f'font-size:12px;line-height:1.35">{html.escape(run_text({label: outcome}))}</pre>')
 
 
+# ipywidgets shows at most this many characters of a widget's text form (the rest becomes '…').
+REPR_LIMIT = 110
+
+
 class PitfallWidget(widgets.VBox):
     """Title, symptom, marked code, a bug toggle, a Run button, figures, a plot, why and how to catch it."""
 
@@ -116,8 +120,8 @@ class PitfallWidget(widgets.VBox):
 
     def __repr__(self) -> str:
         # The text a notebook shows where the widget cannot be drawn (no live kernel, no widget extension).
-        return (f"PitfallWidget({self.record.id!r}): run this cell in a live kernel to get the widget "
-                f"(or try `python -m ptlab pitfalls run {self.record.id}` in a terminal)")
+        # ipywidgets cuts a widget's text at 110 characters: REPR_LIMIT keeps the command whole.
+        return f"Run this cell for the widget, or: python -m ptlab pitfalls run {self.record.id}"
 
 
 def show_pitfall(pitfall_id: str) -> PitfallWidget:

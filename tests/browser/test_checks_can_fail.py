@@ -116,7 +116,7 @@ def test_missing_widget_extension_shows_text_fallback(browser, probe_root):
     assert report.widgets == 0
     not_live = [p for p in report.problems if "is not a live widget" in p]
     assert not_live, report.problems
-    assert "PitfallWidget('uint8-overflow'): run this cell in a live kernel" in not_live[0]  # the text fallback
+    assert "Run this cell for the widget, or: python -m ptlab pitfalls run uint8-overflow" in not_live[0]  # fallback
     assert any("widget output(s) but 0 live" in p and "IntSlider" in p for p in report.problems), report.problems
     # Without a widget manager the page itself logs errors (each widget model's comm has no
     # target): the console check hears them.

@@ -22,7 +22,7 @@ def test_checked_fraction_counts_skip_and_ignore_from_tags_and_comments():
 
 @pytest.mark.slow
 def test_bench_runs_every_notebook_even_after_one_fails(tmp_path, capsys):
-    from ptlab.course.nbrun import bench
+    from ptlab.course.bench import bench
 
     good = new_notebook(cells=[new_code_cell("print('fine')")])
     bad = new_notebook(cells=[new_code_cell("raise ValueError('a claim failed')"), new_code_cell("print(1)")])
@@ -91,3 +91,45 @@ def test_consecutive_streams_of_one_name_are_merged_and_nothing_else():
     assert [(o.output_type, o.get("name"), o.get("text")) for o in merged] == [
         ("stream", "stdout", "a\nb\n"), ("stream", "stderr", "warn\n"), ("stream", "stdout", "c\n"),
         ("execute_result", None, None), ("stream", "stdout", "d\n")]
+
+
+def _run(name: str, wall: float, slowest: float = 1.0, error: str | None = None) -> NotebookRun:
+    return NotebookRun(Path(name), wall, slowest, 3, 500.0, 0.9, error)
+
+
+def test_busy_table_prints_each_ratio_and_the_whole_courses():
+    from ptlab.course.bench import busy_markdown, busy_over_quiet, busy_table
+
+    pairs = [(_run("01_a.ipynb", 10.0), _run("01_a.ipynb", 12.0, 4.0)), (_run("02_b.ipynb", 30.0),
+                                                                          _run("02_b.ipynb", 60.0, 9.5))]
+    assert busy_over_quiet(pairs) == pytest.approx(72.0 / 40.0)
+    rows = busy_table(pairs).splitlines()
+    assert rows[2].split() == ["01_a.ipynb", "10.0", "12.0", "1.20x", "4.0", "(#3)"]
+    assert rows[3].split()[3] == "2.00x" and rows[-1].split() == ["total", "40.0", "72.0", "1.80x"]
+    assert busy_markdown(pairs).splitlines()[-1] == "| **all** | **40.0** | **72.0** | **1.80x** | |"
+
+
+@pytest.mark.slow
+def test_busy_bench_runs_each_notebook_quiet_then_beside_a_busy_process(tmp_path, capsys, monkeypatch):
+    """A real run: the busy process must be alive while the busy run executes, and gone afterwards."""
+    import psutil
+
+    from ptlab.course import bench
+
+    seen = []
+    real_run = bench.run_notebook
+
+    def run_and_count(path, *args, **kwargs):
+        spinning = [p for p in psutil.Process().children() if "spinning" in " ".join(p.cmdline())]
+        seen.append(len(spinning))
+        return real_run(path, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_notebook", run_and_count)
+    nb = new_notebook(cells=[new_code_cell("print('fine')")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "01_fine.ipynb")
+    bench.busy_bench([tmp_path], markdown=True)
+    out = capsys.readouterr().out
+    assert seen == [0, 1]
+    assert "01_fine.ipynb" in out and "| **all** |" in out and "busy: one process spinning" in out
+    assert not [p for p in psutil.Process().children() if "spinning" in " ".join(p.cmdline())]

@@ -4,12 +4,12 @@ import matplotlib
 matplotlib.use("agg")
 
 from ptlab.course.pitfalls import Outcome, Pitfall, get_pitfall  # noqa: E402
-from ptlab.course.widgets import PitfallWidget, code_html, show_pitfall  # noqa: E402
+from ptlab.course.widgets import REPR_LIMIT, PitfallWidget, code_html, show_pitfall  # noqa: E402
 
 
 def test_widget_runs_buggy_then_fixed():
     widget = show_pitfall("uint8-overflow")
-    assert repr(widget).startswith("PitfallWidget('uint8-overflow'): run this cell in a live kernel")
+    assert repr(widget) == "Run this cell for the widget, or: python -m ptlab pitfalls run uint8-overflow"
     assert "needs a live kernel" in widget.status.value  # what a saved, not yet live widget says
     assert widget.bug_toggle.value is True
     widget.run()
@@ -74,3 +74,18 @@ def test_a_run_that_is_not_as_it_should_be_says_so_in_words():
     shows, gone = (Outcome(figures={}, checks=[Check("n", n, "> 1")]) for n in (3, 0))
     assert "the symptom still shows with the fix: a course bug" in figures_html("fixed", shows)
     assert "the symptom did not show this time, though the bug is on" in figures_html("bug on", gone)
+
+
+def test_every_widgets_text_form_fits_whole_where_ipywidgets_cuts_it():
+    """A saved, unrun widget cell shows this text: its command must not be cut to '…'."""
+    from ipywidgets import IntSlider
+
+    from ptlab.course.pitfalls import all_pitfalls
+
+    class Wordy(IntSlider):
+        def __repr__(self):
+            return "x" * 200
+
+    assert Wordy()._repr_mimebundle_()["text/plain"] == "x" * REPR_LIMIT + "…"       # the limit is ipywidgets' own
+    too_long = {p.id: len(repr(PitfallWidget(p))) for p in all_pitfalls() if len(repr(PitfallWidget(p))) > REPR_LIMIT}
+    assert not too_long

@@ -69,7 +69,7 @@ def test_check_lines_say_what_was_tested():
     assert Check("R² on training data", 0.9987, "< 0.5").line() == "R² on training data: ≈0.9987, not < 0.5"
     assert Check("outputs have a grad_fn", False, "is True").line() == "outputs have a grad_fn: False"
     assert Check("rows changed", 32, "> 0").line() == "rows changed: 32 > 0"
-    assert Check("error", "no error", "contains 'NaN'").line() == "error: no error, which does not contain 'NaN'"
+    assert Check("error", "no error", "contains 'NaN'").line() == "error: no error, without 'NaN'"
     assert Check("error", "got NaN", "contains 'NaN'").line() == "error: got NaN contains 'NaN'"
 
 

@@ -162,7 +162,7 @@ def test_the_naive_rungs_adamw_defaults_to_the_per_parameter_loop_on_the_cpu():
 
 def test_make_bench_prints_the_ladder_after_the_mixed_precision_table_and_the_thread_pool_last(monkeypatch, capsys):
     """Only the wiring: the three reports and the watch line stand in for the real ones (each tested on its own)."""
-    from ptlab.course import nbrun
+    from ptlab.course import bench as nbrun
 
     monkeypatch.setattr(nbrun, "notebook_paths", lambda paths: [])
     monkeypatch.setattr(nbrun, "speed_report", lambda: "MIXED PRECISION TABLE")
