@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,8 +57,19 @@ class OverfitReport:
         notes = [f"note: {name}: {detail}" for name, detail in self.notes.items()]
         if self.passed:
             return "\n".join([head, *notes])
-        lines = [head, "likely causes:"] + [f"  {name}: {detail}" for name, detail in self.causes.items()]
+        lines = [head, "likely causes:"] + [_wrap(f"{name}: {detail}") for name, detail in self.causes.items()]
         return "\n".join(lines + notes)
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    """A cause as lines of about `width` characters, indented; breaks fall where they would with any digits in the
+    measured figures (each counts as 10 characters), so the masked text is the same on every machine."""
+    figures = re.findall(r"\u2248\S+", text)
+    stand_ins = iter(figures)
+    fixed = re.sub(r"\u2248\S+", lambda m: "\x00" * 10, text)
+    wrapped = textwrap.fill(fixed, width=width, initial_indent="  ", subsequent_indent="    ",
+                            break_long_words=False, break_on_hyphens=False)
+    return re.sub("\x00{10}", lambda m: next(stand_ins), wrapped)
 
 
 def label_smoothing_floor(num_classes: int, smoothing: float) -> float:
@@ -122,13 +135,14 @@ def _check_batch(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> dict[str
     return {}
 
 
-def _input_label_conflicts(X: torch.Tensor, y: torch.Tensor) -> int:
-    """How many distinct inputs in the batch appear with more than one label."""
+def _input_label_conflicts(X: torch.Tensor, y: torch.Tensor) -> tuple[int, int]:
+    """How many distinct inputs in the batch appear with more than one label, and how many examples hold them."""
     if y.dtype not in (torch.int64, torch.int32) or y.ndim != 1:
-        return 0
+        return 0, 0
     flat = X.reshape(len(X), -1)
     _, groups = torch.unique(flat, dim=0, return_inverse=True)
-    return sum(int(y[groups == g].unique().numel() > 1) for g in groups.unique())
+    clashing = [g for g in groups.unique() if y[groups == g].unique().numel() > 1]
+    return len(clashing), sum(int((groups == g).sum()) for g in clashing)
 
 
 def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Callable, losses: list[float],
@@ -147,10 +161,12 @@ def _diagnose(model: nn.Module, X: torch.Tensor, y: torch.Tensor, loss_fn: Calla
         named = ", ".join(f"{n} ({found.get(n, 'no gradient')})" for n in no_grad[:4])
         causes["detached graph"] = (f"{len(no_grad)} of {len(trainable)} trainable tensors never got a gradient: "
                                     f"{named}{' ...' if len(no_grad) > 4 else ''}")
-    conflicts = _input_label_conflicts(X, y)
+    conflicts, examples = _input_label_conflicts(X, y)
     if conflicts:
-        causes["labels do not match inputs"] = (f"{conflicts} identical input(s) in the batch carry different "
-                                                f"labels: no model can fit that (inputs overwritten or broadcast?)")
+        inputs = "one input" if conflicts == 1 else f"{conflicts} inputs"
+        causes["labels do not match inputs"] = (f"{examples} of the batch's {len(X)} examples are copies of {inputs} "
+                                                "with different labels: no model can fit that (inputs overwritten "
+                                                "or broadcast?)")
     finite = [v for v in losses if math.isfinite(v)]
     if len(finite) < len(losses):
         causes["learning rate too high"] = (f"the loss became non-finite at step {measured(float(len(finite) + 1))} "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import textwrap
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:   # matplotlib itself is imported when a figure is drawn: a torchrun worker that imports
@@ -20,7 +21,8 @@ FIXED_COLOUR = "#27ae60"
 
 def plot_series(outcomes: dict[str, HasSeries], title: str = "",
                 size: tuple[float, float] = (5.5, 3.0)) -> Figure | None:
-    """Plot every series of each labelled outcome on one axis per series name; None if nothing to plot."""
+    """Plot every series of each labelled outcome on one axis per series name, with the horizontal lines an outcome's
+    `levels` names ({series: {label: y}}, if it has any); None if nothing to plot."""
     from matplotlib.ticker import MaxNLocator
 
     names = sorted({name for o in outcomes.values() for name in o.series})
@@ -33,15 +35,21 @@ def plot_series(outcomes: dict[str, HasSeries], title: str = "",
         for label, outcome in outcomes.items():
             values = outcome.series.get(name)
             if values:
-                colour = BUGGY_COLOUR if label.startswith("bug") else FIXED_COLOUR
-                ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label, color=colour)
+                # The buggy run dashed and on top: where both runs take the same steps, both stay visible.
+                buggy = label.startswith("bug")
+                style = dict(linestyle="--", linewidth=1.5, zorder=3) if buggy else dict(linewidth=4, alpha=0.5)
+                ax.plot(range(1, len(values) + 1), values, marker="o", markersize=3, label=label,
+                        color=BUGGY_COLOUR if buggy else FIXED_COLOUR, **style)
                 ax.set_xlabel(outcome.x_label)
+        levels = {text: y for o in outcomes.values() for text, y in getattr(o, "levels", {}).get(name, {}).items()}
+        for (text, y), style in zip(levels.items(), (":", "-.", (0, (1, 3)))):
+            ax.axhline(y, color="0.35", linestyle=style, linewidth=1.2, label=text, zorder=1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole numbers
         ax.set_title(name)
         ax.grid(alpha=0.3)
-        ax.legend()
-    if title:
-        fig.suptitle(title)
+        ax.legend(fontsize="small")
+    if title:   # wrapped to the figure's width (about 11 characters an inch), not cut off at its edges
+        fig.suptitle(textwrap.fill(title, width=int(size[0] * len(names) * 11)))
     fig.tight_layout()
     return fig
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+from tqdm.std import tqdm as std_tqdm   # every tqdm bar's class, the notebook's too
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .loop import check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode, unpack_batch
@@ -73,11 +74,13 @@ def train_one_epoch(
     scaler: torch.amp.GradScaler | None = None,
     autocast_dtype: torch.dtype | None = None,
     max_batches: int | None = None,
-    progress: bool = False,
+    progress: Any = False,
     scheduler: Any = None,
 ) -> dict[str, float]:
     """One pass over loader in training mode; returns mean loss, accuracy, examples seen, batches and seconds.
 
+    `progress=True` shows a tqdm bar of the batches; a tqdm bar passed as `progress` (fit's) is moved on by one
+    per batch instead.
     Modes agree with evaluate(): a model in training mode is left as it is, so a submodule you put in
     eval mode (a frozen BatchNorm) keeps its running statistics; a model wholly in eval mode is trained
     in training mode. Afterwards every submodule has the mode it had before the call.
@@ -95,9 +98,11 @@ def train_one_epoch(
     device = resolve_device(model, device)
     total_loss, correct, seen, batches = 0.0, 0, 0, 0
     start = time.perf_counter()
-    bar = tqdm(loader, desc="train", leave=False, disable=not progress)
+    shared = progress if isinstance(progress, std_tqdm) else None
+    bar = shared if shared is not None else tqdm(desc="train", total=_length(loader), leave=False,
+                                                 disable=not progress)
     with train_mode(model):
-        for batch in bar:
+        for batch in loader:
             X, y = unpack_batch(batch, device)
             with _autocast(device, autocast_dtype):
                 logits = model(X)                      # (B, num_classes)
@@ -119,14 +124,25 @@ def train_one_epoch(
             correct += count_correct(logits.detach(), y)
             seen += len(y)
             batches += 1
-            bar.set_postfix(loss=f"{total_loss / seen:.3f}", acc=f"{correct / seen:.3f}")
+            bar.update(1)
+            if shared is None:
+                bar.set_postfix(loss=f"{total_loss / seen:.3f}", acc=f"{correct / seen:.3f}")
             if max_batches is not None and batches >= max_batches:
                 break
-    bar.close()
+    if shared is None:
+        bar.close()
     if seen == 0:
         raise ValueError("loader yielded no batches: check the dataset size, batch_size and drop_last")
     return {"loss": total_loss / seen, "acc": correct / seen, "n": seen, "batches": batches,
             "seconds": time.perf_counter() - start}
+
+
+def _length(loader: Iterable) -> int | None:
+    """len(loader) when it has one (a DataLoader has), else None."""
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -214,20 +230,24 @@ def fit(
     max_epochs = epochs if epochs is not None else 10**9
     if resume:
         max_epochs = epochs - len(history.epoch)
-    bar = tqdm(total=epochs, desc="fit", unit="epoch", disable=not progress)
+    # One bar that moves with every batch (an epoch can take a minute), its postfix the epoch and its figures.
+    per_epoch = _length(train_loader)
+    bar = tqdm(total=max_epochs * per_epoch if epochs is not None and per_epoch else None, desc="fit", unit="batch",
+               disable=not progress)
     start = time.perf_counter()
     for epoch in range(first_epoch, first_epoch + max_epochs):
         if time_budget_s is not None and epoch > first_epoch and _would_pass_budget(history, start, time_budget_s):
             break
         epoch_start = time.perf_counter()
+        bar.set_postfix(epoch=epoch)
         train = train_one_epoch(model, train_loader, optimizer, loss_fn, device, scaler, autocast_dtype,
-                                scheduler=scheduler if scheduler_step == "batch" else None)
+                                progress=bar, scheduler=scheduler if scheduler_step == "batch" else None)
         val = evaluate(model, val_loader, loss_fn, device)
         if scheduler is not None and scheduler_step == "epoch":
             _step_scheduler(scheduler, val[monitor.removeprefix("val_")] if monitor.startswith("val_") else None)
         is_best = _record_epoch(history, epoch, train, val, time.perf_counter() - epoch_start, monitor)
-        bar.update(1)
-        bar.set_postfix(train_acc=f"{train['acc']:.3f}", val_acc=f"{val['acc']:.3f}", loss=f"{train['loss']:.3f}")
+        bar.set_postfix(epoch=epoch, train_acc=f"{train['acc']:.3f}", val_acc=f"{val['acc']:.3f}",
+                        loss=f"{train['loss']:.3f}")
         if folder is not None:
             _save_epoch(folder, model, optimizer, scheduler, train_loader, scaler, history, epoch, is_best)
         if early_stopping is not None and history.best_epoch is not None \

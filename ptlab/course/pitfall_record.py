@@ -35,6 +35,7 @@ class Outcome:
     checks: list[Check]
     series: dict[str, list[float]] = field(default_factory=dict)
     x_label: str = "step"
+    levels: dict[str, dict[str, float]] = field(default_factory=dict)   # lines drawn across a series' plot
 
     def __post_init__(self) -> None:
         if not self.checks or not all(isinstance(c, Check) for c in self.checks):

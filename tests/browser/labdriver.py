@@ -190,6 +190,12 @@ class NotebookReport:
     screenshots: list[Path] = field(default_factory=list)
 
 
+# A matplotlib Figure that IPython could not draw shows only its repr: '<Figure size 900x340 with 2 Axes>'.
+_BARE_FIGURES_JS = """(outputs => outputs.filter(o => o.data && !o.data['image/png'] && /^<Figure size /.test(
+  [].concat(o.data['text/plain'] ?? '').join(''))).map(o => [].concat(o.data['text/plain']).join('')))"""
+BARE_FIGURE = "shows a figure as text only"
+
+
 # Per cell, from the notebook JupyterLab shows: type, execution count, output types, and for
 # widget cells what the DOM holds.
 _CELLS_JS = """() => {
@@ -215,9 +221,10 @@ _CELLS_JS = """() => {
         run: [...w.querySelectorAll('button.widget-button')].filter(b => b.textContent.trim() === 'Run').length,
       })) : [],
       text: area ? area.innerText.slice(0, 300) : '',
+      bareFigures: BARE_FIGURES(outputs),
     };
   });
-}"""
+}""".replace("BARE_FIGURES", _BARE_FIGURES_JS)
 
 
 def _menu(page, menu: str, item: str) -> None:
@@ -282,6 +289,8 @@ def cell_problems(cells: list[dict], kernel_status: str | None) -> list[str]:
         elif cell["widgetOutputs"] and cell["liveWidgets"] < cell["widgetOutputs"]:
             problems.append(f"{where}: {cell['widgetOutputs']} widget output(s) but {cell['liveWidgets']} live "
                             f"widget(s); the page shows {cell['text']!r}")
+        if cell["bareFigures"]:
+            problems.append(f"{where} {BARE_FIGURE}: {cell['bareFigures'][0]!r}, no image")
         if "Error displaying widget" in cell["text"]:
             problems.append(f"{where}: {cell['text']!r}")
     if never_ran:
@@ -528,12 +537,18 @@ _STEP_JS = """(i) => {
   const panel = window.jupyterapp.shell.currentWidget;
   const cell = panel.content.widgets[i];
   const area = cell.node.querySelector('.jp-Cell-outputArea');
-  const visible = !!area && (area.innerText.trim().length > 0
-                             || area.querySelector('.jupyter-widgets, img, canvas, svg') !== null);
+  const outputs = area ? [...area.querySelectorAll('.jp-OutputArea-output')] : [];
+  // A progress bar tells the learner something only while it moves: its text and width are compared between looks.
+  const isBar = o => o.querySelector('.widget-hprogress, progress') !== null;
+  const bars = outputs.filter(isBar).map(o => o.innerText.trim() + ' '
+                                          + (o.querySelector('.progress-bar')?.style.width ?? ''));
+  const told = outputs.filter(o => !isBar(o)).some(o => o.innerText.trim().length > 0
+                                                   || o.querySelector('.jupyter-widgets, img, canvas, svg') !== null);
   return {prompt: cell.node.querySelector('.jp-InputArea-prompt')?.textContent.trim() ?? '',
-          count: cell.model.executionCount, visible: visible,
+          count: cell.model.executionCount, told: told, bars: bars.join(' | '),
+          bareFigures: BARE_FIGURES(cell.model.outputs.toJSON()),
           errors: cell.model.outputs.toJSON().filter(o => o.output_type === 'error').length};
-}"""
+}""".replace("BARE_FIGURES", _BARE_FIGURES_JS)
 
 
 @dataclass
@@ -548,8 +563,10 @@ class StepReport:
 
 def step_through(browser, lab: Lab, notebook: str, nb_path: Path, silent_limit_s: float = 10.0,
                  cell_timeout_s: float = 180.0) -> StepReport:
-    """Run each code cell on its own and note every cell that ran past `silent_limit_s` with nothing on screen
-    (no text, progress bar, widget or image in its output) during its first `silent_limit_s` seconds."""
+    """Run each code cell on its own, as Shift+Enter does, and note every cell whose screen stood still for over
+    `silent_limit_s`: nothing in its output yet, or only progress bars that did not move (a bar stuck at 0/1 says no
+    more than nothing). A line of text or an image counts as said; a wait after it is not counted. A cell that shows
+    a figure as its text repr only ('<Figure size ...>') is a problem."""
     report = StepReport(notebook)
     cells = nbformat.read(nb_path, as_version=4).cells
     context = browser.new_context(viewport={"width": 1280, "height": 1600})
@@ -562,14 +579,19 @@ def step_through(browser, lab: Lab, notebook: str, nb_path: Path, silent_limit_s
             if cell.cell_type != "code":
                 continue
             page.evaluate("(i) => { window.jupyterapp.shell.currentWidget.content.activeCellIndex = i; }", i)
-            start, first_seen, state = time.perf_counter(), None, {}
+            start, state = time.perf_counter(), {}
+            still_since, bars, longest = 0.0, "", 0.0      # since when the screen has not changed; its bars then
             # As Shift+Enter does; the braces keep evaluate() from waiting for the command's promise (the run).
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-cell'); }")
             while time.perf_counter() - start < cell_timeout_s:
                 state = page.evaluate(_STEP_JS, i)
                 elapsed = time.perf_counter() - start
-                if state["visible"] and first_seen is None:
-                    first_seen = elapsed
+                if still_since is not None:
+                    if state["told"]:
+                        still_since = None                  # it said something: what follows is not silence
+                    elif state["bars"] != bars:
+                        still_since, bars = elapsed, state["bars"]
+                    longest = max(longest, elapsed - still_since) if still_since is not None else longest
                 if state["count"] is not None and re.fullmatch(r"\[\d+\]:", state["prompt"]):
                     break
                 page.wait_for_timeout(200)
@@ -578,9 +600,12 @@ def step_through(browser, lab: Lab, notebook: str, nb_path: Path, silent_limit_s
                 break
             report.seconds[i] = round(elapsed, 1)
             first_line = cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""
-            if elapsed > silent_limit_s and (first_seen is None or first_seen > silent_limit_s):
-                shown = "nothing" if first_seen is None else f"nothing for {first_seen:.0f} s"
-                report.silent.append(f"cell {i} ({first_line!r}) ran {elapsed:.0f} s and showed {shown}")
+            if longest > silent_limit_s:
+                shown = "a progress bar that did not move" if bars else "nothing"
+                report.silent.append(f"cell {i} ({first_line!r}) ran {elapsed:.0f} s and showed {shown} "
+                                     f"for {longest:.0f} s")
+            if state.get("bareFigures"):
+                report.problems.append(f"cell {i} ({first_line!r}) {BARE_FIGURE}: {state['bareFigures'][0]!r}")
             if state.get("errors"):
                 report.problems.append(f"cell {i} ({first_line!r}) ended with an error")
                 break

@@ -35,6 +35,14 @@ PROBES = {
     "raising_cell.ipynb": ['x = 1', '1 / 0', 'print(x)'],
     "silent_wait.ipynb": ['import time\ntime.sleep(4)', 'time.sleep(11)',
                           'print("waiting 11 s for a slow step (this prints first)")\ntime.sleep(11)'],
+    # A bar that sits at 0/1 (fit's epoch bar did), one that moves, a figure shown as its repr only (History.plot's
+    # bare Figure did) and one a notebook draws.
+    "bars_and_figures.ipynb": ['import time\nfrom tqdm.auto import tqdm',
+                               'bar = tqdm(total=1, desc="one epoch")\ntime.sleep(11)\nbar.update(1)\nbar.close()',
+                               'for _ in tqdm(range(60), desc="batches"):\n    time.sleep(0.2)',
+                               'from matplotlib.figure import Figure\nFigure(figsize=(3, 2)).subplots(1, 2)[0].figure',
+                               'from ptlab.plots import notebook_figure\n'
+                               'notebook_figure(figsize=(3, 2)).subplots(1, 2)[0].figure'],
     # An output answering a request the page never made, as a hook that runs after a widget's
     # request ended sends: it reaches no cell, only JupyterLab's Log Console (at level info).
     "escaped_output.ipynb": ['kernel = get_ipython().kernel\n'
@@ -126,3 +134,15 @@ def test_a_cell_that_waits_in_silence_is_reported_and_one_that_says_so_is_not(br
     assert report.problems == []
     assert len(report.silent) == 1 and report.silent[0].startswith("cell 2 ('time.sleep(11)') ran"), report.silent
     assert report.seconds[1] < 10 and report.seconds[3] > 10      # the cell that printed first is not reported
+
+
+def test_a_bar_that_does_not_move_and_a_figure_shown_as_text_are_reported(browser, probe_lab, probe_root):
+    report = step_through(browser, probe_lab, "bars_and_figures.ipynb", probe_root / "bars_and_figures.ipynb")
+    assert len(report.silent) == 1, report.silent            # the moving bar (12 s) is not reported
+    assert report.silent[0].startswith("cell 2 ('bar = tqdm(total=1, desc=\"one epoch\")') ran"), report.silent
+    assert "a progress bar that did not move" in report.silent[0], report.silent
+    assert report.seconds[3] > 10, report.seconds
+    bare = [p for p in report.problems if "shows a figure as text only" in p]
+    assert len(bare) == 1 and bare[0].startswith("cell 4 ") and "<Figure size 300x200 with 2 Axes>" in bare[0], \
+        report.problems                                      # the notebook_figure in cell 5 is drawn
+    assert len(report.problems) == 1, report.problems

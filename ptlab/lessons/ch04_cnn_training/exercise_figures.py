@@ -5,7 +5,9 @@ not edited by hand."""
 
 FIGURES = {
     "ch4-evaluate-without-side-effects": {
-        "accuracy": 0.34375
+        "accuracy": 0.296296296,
+        "right answers": 16,
+        "mean of per-batch accuracies": 0.328125
     },
     "ch4-fix-training-loop": {
         "mean loss": 1.09917468,

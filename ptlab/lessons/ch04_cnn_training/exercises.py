@@ -13,10 +13,11 @@ from ptlab.models import SmallCNN
 from ptlab.overfit import overfit_one_batch
 
 
-def _tiny_problem(seed: int = 0) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """A small MLP with BatchNorm and Dropout, and four fixed batches of 16 (8 features, 3 classes)."""
+def _tiny_problem(seed: int = 0, sizes: tuple[int, ...] = (16, 16, 16, 16),
+                  ) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A small MLP with BatchNorm and Dropout, and fixed batches of the given sizes (8 features, 3 classes)."""
     g = torch.Generator().manual_seed(seed)
-    batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
+    batches = [(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in sizes]
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
     return model, batches
@@ -60,7 +61,7 @@ def _matches(model: nn.Module, weights: dict[str, list[float]]) -> bool:
 
 @exercise(
     id="ch4-fix-training-loop", chapter=4,
-    task="fix train_steps(model, optimizer, batches) so it trains correctly and returns the mean loss as a float",
+    task="fix its four bugs; return the mean loss as a float",
     hint="check the four things every training step depends on: the mode the model is in, what cross_entropy "
          "expects as its input, the gradients left by the previous batch, and what a running total of tensors keeps "
          "alive",
@@ -90,15 +91,17 @@ def check_fix_training_loop(train_steps) -> None:
                     f"{measured(expected)}.")
 
 
+EVAL_BATCH_SIZES = (16, 16, 16, 6)   # unequal, as a DataLoader's last batch often is
+
+
 @exercise(
     id="ch4-evaluate-without-side-effects", chapter=4,
-    task="write measure_accuracy(model, batches): the accuracy as a float, computed in eval mode under "
-         "torch.no_grad(), leaving the model in the mode it was in",
+    task="accuracy over all examples, leaving no trace",
     hint="leave no trace: find out which mode the model is in before you change it, and put back exactly that "
          "mode at the end; counting right answers needs no autograd graph",
 )
 def check_evaluate_without_side_effects(measure_accuracy) -> None:
-    model, batches = _tiny_problem(seed=2)
+    model, batches = _tiny_problem(seed=2, sizes=EVAL_BATCH_SIZES)
     model.train()
     buffers = [b.clone() for b in model.buffers()]
     grad_modes = []
@@ -116,10 +119,21 @@ def check_evaluate_without_side_effects(measure_accuracy) -> None:
         raise Wrong("the forward passes recorded an autograd graph, which counting right answers never needs.")
     if not model.training:
         raise Wrong("the model was in train mode before and is in eval mode now: restore its mode.")
-    expected = FIGURES["ch4-evaluate-without-side-effects"]["accuracy"]
-    if abs(result - expected) > 1e-9:
-        raise Wrong(f"you return {measured(result)}; the accuracy over all {sum(len(y) for _, y in batches)} examples "
-                    f"is {measured(expected)} (average over examples, not batches).")
+    figures = FIGURES["ch4-evaluate-without-side-effects"]
+    sizes = " + ".join(str(len(y)) for _, y in batches)
+    examples = sum(len(y) for _, y in batches)
+    if abs(result - figures["mean of per-batch accuracies"]) <= 1e-9:
+        raise Wrong(f"you return the mean of the {len(batches)} batches' accuracies, {measured(result)}; the batches "
+                    f"hold {sizes} examples, so that mean weighs each of the last batch's examples more than the "
+                    "others'.", hint="count the right answers over all batches, and divide once by the number of "
+                                     "examples (the batches need not be the same size)")
+    if abs(result - figures["right answers"] / (len(batches) * len(batches[0][1]))) <= 1e-9:
+        raise Wrong(f"you divide by {len(batches)} x {len(batches[0][1])} = {len(batches) * len(batches[0][1])}, "
+                    f"but the batches hold {sizes} = {examples} examples.",
+                    hint="add up len(y) over the batches: a last batch is often smaller")
+    if abs(result - figures["accuracy"]) > 1e-9:
+        raise Wrong(f"you return {measured(result)}; the accuracy over all {examples} examples is "
+                    f"{measured(figures['accuracy'])}.")
     model.eval()                                                # and from eval mode, eval mode it must stay
     calls_stub(measure_accuracy, model, batches)
     if model.training:
@@ -141,8 +155,7 @@ def mystery_setup() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 
 @exercise(
     id="ch4-overfit-cause", chapter=4,
-    task="write unblock(model): change mystery_setup()'s model in place, keeping its weights, so that "
-         "overfit_one_batch(model, batch) passes, and return that model",
+    task="write unblock(model): in place, make all of it learn again",
     hint="run overfit_one_batch on the model and batch (catch OverfitFailed) and read the likely causes: each "
          "says what stops learning and where; undo that on the model itself, then run the ritual again",
 )
@@ -164,3 +177,9 @@ def check_overfit_cause(unblock) -> None:
     if not report.passed:
         causes = ", ".join(report.causes) or "none named"
         raise Wrong(f"it still does not overfit its batch; the report's likely causes now: {causes}.")
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise Wrong(f"the ritual passes now, but {len(frozen)} of {len(now)} parameter tensors still do not learn: "
+                    f"{', '.join(frozen)}. Sixteen images can be memorised without them; a real training run "
+                    "would leave them as they are.",
+                    hint="the first report counted the frozen tensors: set requires_grad back on every one of them")

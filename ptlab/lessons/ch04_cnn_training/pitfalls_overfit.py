@@ -51,4 +51,5 @@ def label_smoothing_overfit_target(buggy: bool) -> Outcome:
         checks=[Check("ritual passed", report.passed, "is False"),
                 Check("likely causes it named", causes, "contains 'too few steps'")],
         series={"loss": report.losses},
+        levels={"loss": {"the target 0.05, blind to the smoothing": 0.05, f"the loss floor, {floor:.2f}": floor}},
     )
