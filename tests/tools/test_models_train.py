@@ -1,6 +1,8 @@
 """SmallCNN and the reference loop: shapes, learning on a toy problem, modes restored, clear errors."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib
 import pytest
 import torch
@@ -215,3 +217,26 @@ def test_chapter_4_one_cycle_claims_hold_per_batch_and_fail_per_epoch(scheduler_
             beta1_after_2 = opt.param_groups[0]["betas"][0]
     claims = 0.85 < beta1_after_2 < 0.9 and sched.get_last_lr()[0] < 1e-6
     assert claims == (scheduler_step == "batch")
+
+
+@pytest.mark.parametrize("cycle_momentum", [True, False])
+def test_chapter_4_momentum_cycle_claims_hold_only_when_one_cycle_moves_the_momentum(cycle_momentum: bool) -> None:
+    """04_cnn_training.ipynb, section 8: SGD's momentum starts at 0.95, is 0.85 where the learning rate peaks (after
+    29 of 99 steps) and 0.95 after the last. The cell's own probe, run as stored; with cycle_momentum=False the
+    momentum stays 0.9 and both claims fail."""
+    import nbformat
+
+    from ptlab.claims import ClaimFailed, claim
+
+    nb = nbformat.read(Path(__file__).resolve().parents[2] / "notebooks" / "04_cnn_training.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "momenta = [probe_sgd" in c.source)
+    probe = cell[cell.index("probe_sgd = "):cell.index("budget = ")]
+    if not cycle_momentum:
+        probe = probe.replace("total_steps=100)", "total_steps=100, cycle_momentum=False)")
+    namespace = {"torch": torch, "SmallCNN": SmallCNN, "claim": claim}
+    if cycle_momentum:
+        exec(probe, namespace)
+    else:
+        with pytest.raises(ClaimFailed):
+            exec(probe, namespace)
+        assert set(namespace["momenta"]) == {0.9}
