@@ -91,8 +91,8 @@ def test_amp_step_accepts_the_right_answers(capsys):
     (dict(autocast_dtype=torch.bfloat16), "autocast ran in torch.bfloat16: the task asks for torch.float16"),
     (dict(autocast_dtype=None), "model(X) ran without autocast"),
     (dict(returned="scaled"), "you returned the scaled loss"),
-    (dict(loss_fn=F.l1_loss), "the task asks for F.mse_loss(model(X), y)"),
-    (dict(loss_fn=F.cross_entropy), "the task asks for F.mse_loss(model(X), y)"),
+    (dict(loss_fn=F.l1_loss), "the task asks for nn.functional.mse_loss(model(X), y)"),
+    (dict(loss_fn=F.cross_entropy), "the task asks for nn.functional.mse_loss(model(X), y)"),
 ])
 def test_amp_step_rejects_each_mistake_with_its_own_message(capsys, mistake, message):
     assert check("ch6-amp-step", _make_step(**mistake)) == "wrong"

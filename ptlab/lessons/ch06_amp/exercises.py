@@ -66,8 +66,8 @@ _MISTAKES = [
 @exercise(
     id="ch6-amp-step", chapter=6,
     task="write amp_step(model, opt, scaler, X, y, max_norm): one training step of model on (X, y) with the mean "
-         "squared error F.mse_loss(model(X), y), under float16 autocast on the CPU, with the GradScaler `scaler` "
-         "and gradient clipping to max_norm; return the loss (unscaled)",
+         "squared error nn.functional.mse_loss(model(X), y), under float16 autocast on the CPU, with the GradScaler "
+         "`scaler` and gradient clipping to max_norm; return the loss (unscaled)",
     hint="follow the gradients through the step: in what units are they after scaler.scale(loss).backward(), and "
          "in what units should clip_grad_norm_ measure them? Which scaler call lets the next step run?",
 )
@@ -117,7 +117,7 @@ def _check_first_step(loss: float, expected: float, seen: list) -> None:
         raise Wrong("you returned the scaled loss: return the loss itself (scaler.scale(loss) is for backward).")
     if abs(loss - expected) > 1e-2 * abs(expected):
         raise Wrong(f"the first step returned a loss of {loss:.4g}, but the mean squared error of this batch is "
-                    f"{expected:.4g}: the task asks for F.mse_loss(model(X), y).")
+                    f"{expected:.4g}: the task asks for nn.functional.mse_loss(model(X), y).")
 
 
 def _weights(model: nn.Module) -> torch.Tensor:
