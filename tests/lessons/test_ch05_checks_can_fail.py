@@ -22,3 +22,24 @@ def test_model_only_checkpoint_fixed_lines_fail_when_the_schedule_is_not_restore
 def test_model_only_checkpoint_fixed_run_matches_the_uninterrupted_one():
     outcome = pitfalls_checkpoints.model_only_checkpoint(buggy=False)
     assert not any(check.holds for check in outcome.checks)
+
+
+def test_the_gradient_bytes_claim_fails_when_a_parameter_gets_no_gradient():
+    """05's 'every parameter got a gradient, so the gradients take exactly the parameters' bytes' is a check of
+    memory_breakdown that fails for a model with a parameter outside the graph (a head that forward skips)."""
+    import torch
+    from torch import nn
+
+    from ptlab.memory import memory_breakdown
+
+    class WithUnusedHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.unused = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.body(x)
+
+    model = WithUnusedHead()
+    parts = memory_breakdown(model, torch.optim.AdamW(model.parameters()), (torch.randn(8, 4), torch.zeros(8).long()))
+    assert parts.gradients < parts.parameters
