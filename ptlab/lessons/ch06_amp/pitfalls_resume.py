@@ -117,7 +117,8 @@ def _amp_steps(model: nn.Module, opt, scaler: torch.amp.GradScaler, X, y, steps:
     `scaler.state_dict()` holds the scale, the growth and backoff factors, the growth interval and the count of
     clean steps towards the next growth.""",
     catch="""Save `scaler.state_dict()` with the model, optimizer and scheduler, and call `scaler.load_state_dict()`
-    on resume (`ptlab.train.fit` with `checkpoint_dir=` and `scaler=` does both). Test a resume: 10 + 10 steps
+    on resume (`ptlab.train.fit` with `checkpoint_dir=` and `scaler=` saves it every epoch, and loads it with
+    `resume=True`). Test a resume: 10 + 10 steps
     must give the weights of 20 straight, and the scale after the resume must be the one saved.""",
 )
 def scaler_state_not_checkpointed(buggy: bool) -> Outcome:
