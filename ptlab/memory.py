@@ -134,7 +134,9 @@ class SavedTensors:
     inside `with SavedTensors() as saved:`. Afterwards saved.bytes is what was saved (each storage once),
     and saved.held_bytes() how many bytes of it are still alive, i.e. kept by a graph that something
     still references. Storages of `exclude` (the parameters, the input batch: they exist anyway) are
-    left out of `bytes`.
+    left out of `bytes`. A storage is known by its (device, address, size), so `bytes` is exact for one
+    forward pass; over several, a freed storage whose address is reused for one of the same size counts
+    once, and `bytes` can come out lower than all that was saved.
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:

@@ -31,13 +31,15 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ptlab.claims import measured
+from ptlab.loader_check import INPUT_BOUND_WAIT_SHARE, KEEPS_UP_WAIT_SHARE
 
 DATA, COMPUTE = "data", "compute"
 # The one line of native stderr the profiler's block holds back (see the module docstring).
 ALLOCATED_BEFORE_PROFILING = "was allocated before the profiling started"
 _NAME_WIDTH = 44
-LOADER_KEEPS_UP_SHARE = 0.10   # waiting for data less than this share of the step: the loader keeps up
-INPUT_BOUND_SHARE = 0.5        # more than this: the step is input-bound
+# The same bounds as ptlab.loader_check, so the two tools give one label to one share of waiting.
+LOADER_KEEPS_UP_SHARE = KEEPS_UP_WAIT_SHARE   # waiting for data less than this share of the step: the loader keeps up
+INPUT_BOUND_SHARE = INPUT_BOUND_WAIT_SHARE    # this share or more: the step is input-bound
 
 
 @dataclass
@@ -70,11 +72,11 @@ class ProfileReport:
         # Amdahl: loading in no time at all removes the waiting and nothing else, so it saves at most `share`.
         speedup = f" (at most {measured(1 / (1 - share), 3)}x faster)" if share < 1 else ""
         most = f"save up to {percent}% of the time{speedup}"
-        if share > INPUT_BOUND_SHARE:
+        if share >= INPUT_BOUND_SHARE:
             return (f"input-bound: {percent}% of the step waits for data. Faster loading would {most}: try more "
                     "DataLoader workers, cheaper transforms, or data prepared once and cached")
         if share >= LOADER_KEEPS_UP_SHARE:
-            return (f"compute-bound, but data loading costs {percent}% of the step: faster loading (more DataLoader "
+            return (f"partly input-bound: data loading costs {percent}% of the step: faster loading (more DataLoader "
                     f"workers, cheaper transforms, cached data) would {most}; the other "
                     f"{measured(100 - share * 100, 3)}% is compute")
         return (f"compute-bound: {percent}% of the step waits for data: the loader keeps up, and faster loading would "

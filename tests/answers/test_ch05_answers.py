@@ -1,4 +1,5 @@
 """Chapter 5 exercises: the stub, typical wrong answers with their hints, and a right answer."""
+import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
@@ -88,3 +89,25 @@ def test_accumulate_gradients_names_each_mistake(capsys):
         out = capsys.readouterr().out
         assert words in out, (answer.__name__, out)
     assert check("ch5-accumulate-gradients", _right) == "correct"
+
+
+def _concatenated(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    X, y = torch.cat([X for X, _ in micro_batches]), torch.cat([y for _, y in micro_batches])
+    nn.functional.cross_entropy(model(X), y).backward()
+    optimizer.step()
+
+
+def _one_graph(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    sum(nn.functional.cross_entropy(model(X), y) / len(micro_batches) for X, y in micro_batches).backward()
+    optimizer.step()
+
+
+def test_accumulate_gradients_refuses_answers_that_save_no_memory(capsys):
+    """Round 3: both gave the right step, and both hold the whole batch's activations at once."""
+    for answer, words in ((_concatenated, "model(X) ran on 32 rows at once"),
+                          (_one_graph, "4 forward passes ran before a backward")):
+        assert check("ch5-accumulate-gradients", answer) == "wrong"
+        out = capsys.readouterr().out
+        assert words in out, (answer.__name__, out)

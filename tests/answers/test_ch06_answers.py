@@ -20,7 +20,7 @@ def _make_step(zero_grad="start", autocast_dtype=torch.float16, loss_fn=F.mse_lo
             loss = loss_fn(model(X), y)
         scaled = scaler.scale(loss)
         scaled.backward()
-        if unscale:
+        for _ in range({True: 1, False: 0, "twice": 2}[unscale]):
             scaler.unscale_(opt)
         if clip:
             nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -84,20 +84,27 @@ def test_amp_step_accepts_the_right_answers(capsys):
     (dict(unscale=False), "clip_grad_norm_ measured the scaled gradients"),
     (dict(clip=False), "the update was not clipped to max_norm"),
     (dict(update=False), "scaler.update() is missing"),
+    (dict(unscale="twice"), "scaler.unscale_(opt) ran twice before update()"),
     (dict(update="twice"), "call it once per step, after scaler.step(opt)"),
     (dict(step="optimizer"), "which call skips a step whose gradients hold inf or NaN?"),
     (dict(step="optimizer", unscale=False), "scaler.update() found no inf/NaN checks"),
     (dict(autocast_dtype=torch.bfloat16), "autocast ran in torch.bfloat16: the task asks for torch.float16"),
     (dict(autocast_dtype=None), "model(X) ran without autocast"),
     (dict(returned="scaled"), "you returned the scaled loss"),
-    (dict(loss_fn=F.l1_loss), "the task asks for F.mse_loss(model(X), y)"),
-    (dict(loss_fn=F.cross_entropy), "the task asks for F.mse_loss(model(X), y)"),
+    (dict(loss_fn=F.l1_loss), "the task asks for nn.functional.mse_loss(model(X), y)"),
+    (dict(loss_fn=F.cross_entropy), "the task asks for nn.functional.mse_loss(model(X), y)"),
 ])
 def test_amp_step_rejects_each_mistake_with_its_own_message(capsys, mistake, message):
     assert check("ch6-amp-step", _make_step(**mistake)) == "wrong"
     out = capsys.readouterr().out
     assert message in out, out
     assert "could not use your answer" not in out
+
+
+def test_a_double_unscale_is_not_called_a_missing_update(capsys):
+    """Round 3: torch's message ends "since the last update()", which the missing-update entry matched first."""
+    assert check("ch6-amp-step", _make_step(unscale="twice")) == "wrong"
+    assert "update() is missing" not in capsys.readouterr().out
 
 
 def test_fp32_accumulator_exercise(capsys):
@@ -109,6 +116,9 @@ def test_fp32_accumulator_exercise(capsys):
     assert "only multiples of 4" in capsys.readouterr().out
     assert check("ch6-fp32-accumulator", lambda v: v.sum().float()) == "wrong"
     assert "the bfloat16 total converted afterwards" in capsys.readouterr().out
+    assert check("ch6-fp32-accumulator", lambda v: v.double().sum()) == "wrong"
+    out = capsys.readouterr().out
+    assert "torch.float64, and the task asks for a float32 tensor." in out and "multiples of 4" not in out
 
 
 def test_bfloat16_spacing_the_messages_state():

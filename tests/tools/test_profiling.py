@@ -67,11 +67,13 @@ def test_the_profilers_own_log_lines_do_not_reach_stderr():
 
 @pytest.mark.parametrize("data_ms, expected", [
     (4.0, ["compute-bound", "≈4% of the step waits for data", "the loader keeps up", "at most ≈4%"]),
-    (30.0, ["compute-bound", "data loading costs ≈30% of the step", "save up to ≈30%", "≈1.43x"]),
-    (49.0, ["compute-bound", "data loading costs ≈49% of the step", "save up to ≈49%", "≈1.96x"]),
+    (20.0, ["partly input-bound", "data loading costs ≈20% of the step", "save up to ≈20%", "≈1.25x"]),
+    (30.0, ["input-bound", "≈30% of the step waits for data", "save up to ≈30%", "≈1.43x"]),
+    (49.0, ["input-bound", "≈49% of the step waits for data", "save up to ≈49%", "≈1.96x"]),
     (75.0, ["input-bound", "≈75% of the step waits for data", "save up to ≈75%", "≈4x"]),
 ])
 def test_the_verdict_is_graded_by_the_measured_share_and_names_no_chapter(data_ms, expected):
+    """The bounds are check_loader's (10% and 30%): round 3 found the two tools naming a 30-50% wait differently."""
     from ptlab.profiling import ProfileReport
 
     verdict = ProfileReport(ranges_ms={"data": data_ms, "compute": 100.0 - data_ms}).verdict

@@ -26,8 +26,10 @@ CLINIC: tuple[ClinicRow, ...] = (
               "torch.autograd.set_detect_anomaly(True) names the backward op that made a NaN",
               ("nan-from-a-poisoned-sample", "nan-from-init-scale", "exploding-gradients-nan")),
     ClinicRow("loss shoots up by orders of magnitude and stays there",
-              "a learning rate far too high (with BatchNorm the loss often stays finite: a dead model that "
-              "keeps printing numbers); weight decay times lr above 1 flips the weights' sign every step",
+              "a learning rate far too high (the loss often stays finite: a ruined model that keeps printing "
+              "numbers, as chapter 4's learning-rate-too-high shows); with SGD's weight_decay or AdamW's, lr times "
+              "weight decay above 2 multiplies every weight by less than -1 each step, so the weights flip sign "
+              "and grow",
               "lower the lr 10x; lr_range_test; log the loss every few steps, not once per epoch",
               ("learning-rate-too-high",)),
     ClinicRow("loss does not go down",
@@ -42,8 +44,10 @@ CLINIC: tuple[ClinicRow, ...] = (
               "plot train and validation accuracy per epoch; stop at the best validation epoch; model.eval()",
               ("overfitting-without-regularisation", "eval-without-eval-mode")),
     ClinicRow("validation accuracy jumps between evaluations of the same weights",
-              "random augmentation in the evaluation transform; BatchNorm or Dropout in train mode",
-              "evaluate the same checkpoint twice: the numbers must be equal",
+              "random augmentation in the evaluation transform; Dropout in train mode; BatchNorm in train mode "
+              "with a shuffled evaluation loader (its batch statistics change with the batches)",
+              "evaluate the same checkpoint twice: the numbers must be equal (BatchNorm in train mode on a fixed "
+              "loader passes this check: also compare with model.eval())",
               ("test-time-augmentation", "eval-without-eval-mode")),
     ClinicRow("a shape error, or a loss that trains to the mean",
               "broadcasting (B, 1) against (B,); a reduction without keepdim; view after a transpose",

@@ -98,6 +98,31 @@ _MISTAKES = (
 )
 
 
+class _GraphsAlive:
+    """Counts, while active, the most forwards of `model` run before a backward reached its weights, and the
+    most rows one forward saw: how much of a batch's activations an answer kept alive at once."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.live, self.most_forwards_before_backward, self.largest_input = model, 0, 0, 0
+
+    def _forward(self, module, args) -> None:
+        self.live += 1
+        self.most_forwards_before_backward = max(self.most_forwards_before_backward, self.live)
+        self.largest_input = max([self.largest_input] + [a.shape[0] for a in args if isinstance(a, torch.Tensor)])
+
+    def _backward(self, grad: torch.Tensor) -> None:
+        self.live = 0
+
+    def __enter__(self) -> _GraphsAlive:
+        first = next(self.model.parameters())
+        self.handles = [self.model.register_forward_pre_hook(self._forward), first.register_hook(self._backward)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 @exercise(
     id="ch5-accumulate-gradients", chapter=5,
     task="write accumulated_step(model, optimizer, micro_batches): one optimizer step from K micro-batches "
@@ -117,7 +142,8 @@ def check_accumulate_gradients(accumulated_step) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=_LR)
     _stale_gradient(model)                                # a stale gradient from earlier work: the step must not use it
     micro = [(X[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
-    result = accumulated_step(model, opt, micro)
+    with _GraphsAlive(model) as alive:
+        result = accumulated_step(model, opt, micro)
     if result is Ellipsis:
         raise NotAttempted
     before = dict(_accumulation_problem()[0].named_parameters())
@@ -125,6 +151,13 @@ def check_accumulate_gradients(accumulated_step) -> None:
     if moved == 0:
         raise Wrong("the weights did not change: call optimizer.step() once, after the micro-batches")
     error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
+    if error <= 1e-6 and alive.largest_input > 8:
+        raise Wrong(f"model(X) ran on {alive.largest_input} rows at once: that holds the whole batch's activations, "
+                    "which is what ran out of memory. Run the model on one micro-batch at a time.")
+    if error <= 1e-6 and alive.most_forwards_before_backward > 1:
+        raise Wrong(f"{alive.most_forwards_before_backward} forward passes ran before a backward: their graphs and "
+                    "saved activations were alive together, as much memory as the whole batch. Call backward() on "
+                    "each micro-batch's loss before the next forward.")
     if error > 1e-6:
         mine = [p.detach() for p in model.parameters()]
         for mistake, advice in _MISTAKES:

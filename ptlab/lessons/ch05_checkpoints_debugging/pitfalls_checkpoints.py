@@ -222,11 +222,16 @@ def model_only_checkpoint(buggy: bool) -> Outcome:
         path = Path(folder) / "step60.pt"
         if buggy:
             torch.save(model.state_dict(), path)               # BUG: the optimizer and schedule are not saved
-            model.load_state_dict(torch.load(path))
-            opt, sched = _recipe(model, 120)                    # BUG: fresh moments, schedule from its start
         else:
             save_checkpoint(path, model, opt, sched, epoch=60, generators={"batches": g})   # FIX: all state
-            load_checkpoint(path, model, opt, sched, generators={"batches": g})
+        torch.manual_seed(99)                                  # resume as a new process would: new objects
+        model = blob_mlp()
+        opt, sched = _recipe(model, 120)                       # fresh moments, a schedule at its start
+        if buggy:
+            model.load_state_dict(torch.load(path))            # BUG: only the weights come back
+        else:                                                  # (the buggy run keeps its batch generator g)
+            g = torch.Generator().manual_seed(99)
+            load_checkpoint(path, model, opt, sched, generators={"batches": g})   # FIX: every state comes back
     _train(model, opt, sched, X, y, g, 60, losses, lrs)
     lr_ratio = lrs[-1] / lrs_straight[-1]
     drift = max((a - b).abs().max().item() for a, b in zip(model.parameters(), straight.parameters()))

@@ -37,9 +37,12 @@ def _batches(X, y):
 
 
 # What a GradScaler error means, by the words of its message.
-_SCALER_ERRORS = [
-    ("since the last update()", "scaler.update() is missing: after scaler.step(opt), call scaler.update() once in "
-                                "every step."),
+_SCALER_ERRORS = [   # the most specific first: "since the last update()" ends two messages
+    ("unscale_() has already been called", "scaler.unscale_(opt) ran twice before update(): once per step is "
+                                           "enough (scaler.step does not unscale again)."),
+    ("step() has already been called since the last update()", "scaler.update() is missing: after "
+                                                               "scaler.step(opt), call scaler.update() once in "
+                                                               "every step."),
     ("unscale_() is being called after step()", "scaler.update() is missing: after scaler.step(opt), call "
                                                 "scaler.update() once in every step."),
     ("No inf checks were recorded prior to update", "scaler.update() found no inf/NaN checks to use: it needs "
@@ -48,8 +51,6 @@ _SCALER_ERRORS = [
     ("No inf checks were recorded for this optimizer", "no parameter had a gradient when scaler.unscale_ or "
                                                        "scaler.step ran: did something clear .grad (zero_grad) "
                                                        "between backward() and the step?"),
-    ("unscale_() has already been called", "scaler.unscale_(opt) ran twice before update(): once per step is "
-                                           "enough (scaler.step does not unscale again)."),
 ]
 
 # The typical mistakes, by the name their stored weights have in FIGURES.
@@ -65,8 +66,8 @@ _MISTAKES = [
 @exercise(
     id="ch6-amp-step", chapter=6,
     task="write amp_step(model, opt, scaler, X, y, max_norm): one training step of model on (X, y) with the mean "
-         "squared error F.mse_loss(model(X), y), under float16 autocast on the CPU, with the GradScaler `scaler` "
-         "and gradient clipping to max_norm; return the loss (unscaled)",
+         "squared error nn.functional.mse_loss(model(X), y), under float16 autocast on the CPU, with the GradScaler "
+         "`scaler` and gradient clipping to max_norm; return the loss (unscaled)",
     hint="follow the gradients through the step: in what units are they after scaler.scale(loss).backward(), and "
          "in what units should clip_grad_norm_ measure them? Which scaler call lets the next step run?",
 )
@@ -116,7 +117,7 @@ def _check_first_step(loss: float, expected: float, seen: list) -> None:
         raise Wrong("you returned the scaled loss: return the loss itself (scaler.scale(loss) is for backward).")
     if abs(loss - expected) > 1e-2 * abs(expected):
         raise Wrong(f"the first step returned a loss of {loss:.4g}, but the mean squared error of this batch is "
-                    f"{expected:.4g}: the task asks for F.mse_loss(model(X), y).")
+                    f"{expected:.4g}: the task asks for nn.functional.mse_loss(model(X), y).")
 
 
 def _weights(model: nn.Module) -> torch.Tensor:
@@ -155,8 +156,9 @@ def check_fp32_accumulator(stable_sum) -> None:
         raise Wrong(f"return a tensor, not {type(total).__name__}.")
     expected = values.double().sum().item()
     if total.dtype != torch.float32:
-        raise Wrong(f"the result is {total.dtype}: between 512 and 1024 bfloat16 holds only multiples of 4, so "
-                    f"the exact sum {expected:.4f} cannot be returned in it.")
+        why = (": between 512 and 1024 bfloat16 holds only multiples of 4, so the exact sum "
+               f"{expected:.4f} cannot be returned in it" if total.dtype == torch.bfloat16 else "")
+        raise Wrong(f"the result is {total.dtype}, and the task asks for a float32 tensor{why}.")
     if abs(total.item() - expected) > 1e-3 * abs(expected):
         rounded = values.sum().float().item()
         cause = (" That is the bfloat16 total converted afterwards: convert before the total is rounded."
