@@ -32,15 +32,16 @@ What a finding means, and the exit status of `python -m ptlab watch`:
   last watched step (labels that do not belong to their inputs, or a task the model has not learned yet).
 - A consequence (printed, not counted) is a loss sign (a rise, a non-finite loss, a loss at chance) that piled-up
   gradients explain, and only where that was measured: the pile's norm had reached 3x its first before the sign
-  began. Nothing else is marked: two causes found together are both printed as causes.
+  began. A loss sign that another cause found with it can make too, where nothing measures which one did
+  (unshuffled data and a rising loss), is printed as a hint that names that cause.
 - Where intent cannot be read from what runs, the watch says nothing: a model no optimizer steps (an EMA or mean
   teacher, a MoCo key encoder, a distillation teacher) may run in train mode under no_grad; so may the trained model
   in passes that recur in most iterations (a GAN's fakes, pseudo-labels), repeat one input (Monte Carlo dropout), or
   follow an explicit eval() of its other layers; a BatchNorm frozen with momentum=0; a broadcast that stretches one
   side only; one class in every batch.
-- Only the first `steps` optimizer steps are watched: whatever runs after them (a later evaluation included) is not
-  recorded. A call is placed by the optimizer steps before it ("after optimizer step N"); a loss by the step its
-  backward precedes ("at step N").
+- Gradients, losses and labels are watched over the first `steps` optimizer steps only; a later pass in train mode
+  or a kept graph is still seen. A call is placed by the optimizer steps before it ("after optimizer step N", counting
+  the unwatched ones too); a loss by the step its backward precedes ("at step N").
 Exit 0 means only that none of these signs showed in the steps watched; the report lists what it looked for.
 """
 from __future__ import annotations

@@ -91,7 +91,7 @@ class Modes(Detector):
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if root:
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            self.current = _Pass(module, torch.is_grad_enabled(), self.watch.step, x)
+            self.current = _Pass(module, torch.is_grad_enabled(), self.watch.all_steps, x)
         p = self.current
         if p is None or not isinstance(module, (_BN, _DROPOUT)):
             return

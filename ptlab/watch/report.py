@@ -44,7 +44,8 @@ class WatchFinding:
         return record
 
 
-def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]]) -> list[WatchFinding]:
+def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]],
+                      may_explain: dict[str, set[str]] | None = None) -> list[WatchFinding]:
     """Mark each finding that a certain finding explains (`explains`: cause -> the ids it can explain), only where
     what was measured says so: the cause had grown large (`explains_from`) no later than the sign began. Causes
     first, then consequences, then hints."""
@@ -57,6 +58,13 @@ def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]
             finding.consequence_of = cause.pitfall
             finding.why_consequence = (f"the piled-up gradient norm was >= 3x its first from step "
                                        f"{cause.explains_from}, before this began at step {finding.since}")
+            continue
+        other = next((c for c in causes if c is not finding and c.certain and c.since <= max(finding.since, 1)
+                      and finding.pitfall in (may_explain or {}).get(c.pitfall, ())), None)
+        if other is not None and finding.certain:      # it may be that cause's doing: nothing measured which
+            finding.certain = False
+            finding.message += (f" ({other.pitfall}, found above, can do this too, and nothing here measured "
+                                f"which one did)")
     order = {"cause": 0, "consequence": 1, "hint": 2}
     return sorted(findings, key=lambda f: order[f.kind])
 

@@ -27,11 +27,18 @@ EVERY_DETECTOR: list[type[Detector]] = [ZeroGrad, FrozenUpdated, LossCalls, Grap
 # cause -> the findings it can explain: gradients piled up (never reset) make the steps, and so the loss, grow. A
 # finding is marked as its consequence only where the measured figures say so (report.mark_consequences: the pile's
 # norm had reached 3x its first before the loss sign began); nothing else is marked, since nothing here measures
-# that unshuffled data, a softmax or a poisoned batch made a loss rise (the rise can have a cause of its own).
+# that unshuffled data or a softmax made a loss rise (the rise can have a cause of its own).
 _LOSS_SIGNS = {LossValues.LOSS_RISES.pitfall, LossValues.NON_FINITE_LOSS.pitfall, LossCalls.AT_CHANCE.pitfall}
 EXPLAINS: dict[str, set[str]] = {
     ZeroGrad.NOT_ZEROED.pitfall: _LOSS_SIGNS,
     ZeroGrad.NOT_ZEROED_IN_TRAINING.pitfall: _LOSS_SIGNS,
+}
+# cause -> the loss signs it can make that nothing measures: found with it, such a sign is printed as a hint (exit
+# 0) that names the cause, neither a cause of its own nor a consequence.
+MAY_EXPLAIN: dict[str, set[str]] = {
+    LossCalls.UNSHUFFLED.pitfall: _LOSS_SIGNS,
+    LossCalls.SOFTMAX_FIRST.pitfall: {LossCalls.AT_CHANCE.pitfall},
+    ZeroGrad.ZEROED_BEFORE_STEP.pitfall: {LossCalls.AT_CHANCE.pitfall},
 }
 # In-place writes that reset a .grad when they land on its memory (zero_grad's own are seen by wrapping it).
 # An assignment into it (`p.grad[:] = 0`) replaces what it held: a reset too, whatever the value.
@@ -111,6 +118,7 @@ class Watcher:
 
     def __init__(self, steps: int) -> None:
         self.steps, self.step, self.backwards, self.forwards = steps, 0, 0, 0
+        self.all_steps = 0          # optimizer steps, the ones after the watched `steps` too (to place what follows)
         self.busy = False
         self.depth = 0
         self.names: dict[int, str] = {}
@@ -155,7 +163,7 @@ class Watcher:
     def moment(self) -> str:
         """When a call ran, in optimizer steps, saying only what is known: a call after step N may be a validation
         pass that no step N + 1 follows."""
-        return moment(self.step)
+        return moment(self.all_steps)
 
     def module_name(self, module: nn.Module) -> str:
         return self.names.get(id(module), type(module).__name__)
@@ -171,15 +179,13 @@ class Watcher:
             self.busy = False
 
     def on_call(self, name, args, kwargs, result) -> None:
-        if self.busy or not self.active:
+        if self.busy:
             return
         with self._quiet():
             for call in self._by["call"]:
                 call(name, args, kwargs, result)
 
     def on_backward(self, tensor, retain: bool = False) -> None:
-        if not self.active:
-            return
         with self._quiet():
             self.backwards += 1
             self.depth, self.retaining = 0, retain
@@ -187,7 +193,7 @@ class Watcher:
                 backward(tensor)
 
     def forward_pre(self, module, args) -> None:
-        if self.busy or not self.active or torch.compiler.is_compiling():
+        if self.busy or torch.compiler.is_compiling():
             return
         with self._quiet():
             root = self.depth == 0 and not isinstance(module, _Loss)    # a loss module is not a model
@@ -202,7 +208,7 @@ class Watcher:
                 pre(module, args, root)
 
     def forward_post(self, module, args, output) -> None:
-        if self.busy or not self.active or torch.compiler.is_compiling():
+        if self.busy or torch.compiler.is_compiling():
             return
         with self._quiet():
             self.depth = max(0, self.depth - 1)
@@ -240,6 +246,7 @@ class Watcher:
 
     def step_post(self, opt, args, kwargs) -> None:
         self._mode_on()
+        self.all_steps += 1
         if not self.active:
             return
         with self._quiet():
@@ -273,8 +280,6 @@ class Watcher:
             def wrapper(scaler, outputs):
                 result = original(scaler, outputs)
                 watcher.last_scaler = scaler
-                if not watcher.active:
-                    return result
                 with watcher._quiet():
                     amp.scaled_loss(scaler, result)
                 return result
@@ -282,17 +287,14 @@ class Watcher:
 
         def around(original, before):
             def wrapper(*args, **kwargs):
-                if watcher.active:              # after the watched steps, nothing is recorded
-                    with watcher._quiet():
-                        before(*args)
+                with watcher._quiet():
+                    before(*args)
                 return original(*args, **kwargs)
             return wrapper
 
         def clip(original):
             def wrapper(*args, **kwargs):
                 norm = original(*args, **kwargs)
-                if not watcher.active:
-                    return norm
                 with watcher._quiet():
                     amp.clip(norm)
                     watcher.zero.clipped(norm)
@@ -365,4 +367,4 @@ class Watcher:
         with torch._C.DisableTorchFunction():
             for detector in self.detectors:
                 found += detector.findings()
-        return mark_consequences(found, EXPLAINS)
+        return mark_consequences(found, EXPLAINS, MAY_EXPLAIN)

@@ -31,7 +31,7 @@ class Amp(Detector):
         if root and self.fp16_forward is None and torch.is_grad_enabled():   # an evaluation pass trains nothing
             for device in ("cuda", "cpu"):
                 if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
-                    self.fp16_forward = (self.watch.module_name(module), self.watch.step)
+                    self.fp16_forward = (self.watch.module_name(module), self.watch.all_steps)
 
     def step_post(self, opt, step: int) -> None:
         self.fp16_forward = None          # what an earlier forward did is no longer this step's business
