@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 from ptlab.course.pitfalls import Pitfall, all_pitfalls
-from ptlab.watch import DETECTS
+from ptlab.watch import DETECTS, HINT_ONLY
 
 START, END = "<!-- pitfalls:start -->", "<!-- pitfalls:end -->"
 
@@ -26,10 +26,10 @@ def catalogue_text() -> str:
     width = max(len(p.id) for p in records)
     lines = [f"ch  {'id':<{width}}  watch  title"]
     for p in records:
-        lines.append(f"{p.chapter:<2}  {p.id:<{width}}  {'✔' if p.id in DETECTS else '':<5}  {p.title}")
+        lines.append(f"{p.chapter:<2}  {p.id:<{width}}  {_watch_mark(p.id):<5}  {p.title}")
         lines.append(textwrap.fill(p.symptom, WIDTH, initial_indent="    symptom: ", subsequent_indent="      "))
-    lines.append(f"watch ✔: `{WATCH_COMMAND} your_script.py` detects it while your own script trains. "
-                 "Run one: `python -m ptlab pitfalls run ID [--fixed]`.")
+    lines.append(f"watch ✔: `{WATCH_COMMAND} your_script.py` detects it while your own script trains; hint: it "
+                 "only prints a hint (exit status 0). Run one: `python -m ptlab pitfalls run ID [--fixed]`.")
     return "\n".join(lines)
 
 
@@ -43,8 +43,16 @@ def marked_code_text(record: Pitfall, colour: bool = False) -> str:
     return "\n".join(rows)
 
 
+def _watch_mark(pitfall: str) -> str:
+    """The Watch column: ✔ the watch reports it as a cause, "hint" it only hints at it (exit 0), "" not seen."""
+    return "hint" if pitfall in HINT_ONLY else "✔" if pitfall in DETECTS else ""
+
+
 def watch_text(record: Pitfall) -> str:
     """Whether `python -m ptlab watch` detects this pitfall in a running script, and by which sign."""
+    if record.id in HINT_ONLY:
+        return (f"`{WATCH_COMMAND} your_script.py` can only hint at it (printed, exit status 0), since correct code "
+                f"can show the same sign: it looks for {DETECTS[record.id].removeprefix('a hint: ')}.")
     if record.id in DETECTS:
         return (f"`{WATCH_COMMAND} your_script.py` detects it while your script trains: it looks for "
                 f"{DETECTS[record.id]}.")
@@ -68,7 +76,7 @@ def catalogue_markdown() -> str:
     for p in all_pitfalls():
         title = p.title.replace("|", "\\|")
         symptom = p.symptom.replace("|", "\\|")
-        watched = "✔" if p.id in DETECTS else ""                 # `python -m ptlab watch` finds it at run time
+        watched = _watch_mark(p.id)                 # `python -m ptlab watch` finds it at run time, or only hints
         rows.append(f"| {p.chapter} | {title} | {symptom} | {watched} | `python -m ptlab pitfalls run {p.id}` |")
     return "\n".join(rows)
 

@@ -15,24 +15,33 @@ own), and removes every hook and wrapper when the block ends. (While it is on, n
 leave their fused fast path, which global hooks disable, so their outputs can differ in the last bits.)
 
 What a finding means, and the exit status of `python -m ptlab watch`:
-- A cause (exit 1) is a sign that correct code does not show: gradients added to over >= 3 steps with no reset
-  between them (a clip or unscale_ writes into .grad without resetting it), zero_grad() between the last backward()
-  and step(), a frozen parameter moved by a step, softmax output (or rows that are probabilities) fed to
-  cross_entropy, a (B, 1) against (B,) loss that stretches both sides, training batches of one class at a time while
-  several classes appear, a loss that keeps a graph no backward will free, BatchNorm or Dropout in train mode in
-  passes that no backward used (of the trained model outside its training iterations, or of any model in a script
-  that trains nothing), a frozen backbone's BatchNorm
-  in train mode, NaN in an input batch, a non-finite loss from finite inputs, a loss that rose >= 30x and stays up,
-  and the GradScaler mistakes.
+- A cause (exit 1) is a sign that correct code rarely shows (none of the correct scripts in tests/watch_corpus/
+  shows one): gradients added to over >= 3 steps with no reset between them (a clip or unscale_ writes into .grad
+  without resetting it; zero_(), fill_(0), mul_(0), copy_() or an assignment such as `p.grad[:] = 0` resets it),
+  zero_grad() between the last backward() and step(), a frozen parameter moved by a step, softmax output (or rows
+  that are probabilities) fed to cross_entropy, a (B, 1) against (B,) loss that stretches both sides, training
+  batches of one class at a time while several classes appear, a loss that keeps a graph no backward will free
+  (retain_graph=True frees nothing), eval-mode outputs with a graph that no backward ever used, BatchNorm or Dropout
+  in train mode in passes that no backward used (of the trained model outside its training iterations, or of any
+  model in a script that trains nothing), a frozen backbone's BatchNorm in train mode whose statistics moved, NaN in
+  an input batch (not an activation another model made) or in the target of a loss that came out non-finite, a
+  non-finite loss from finite inputs and targets, a loss that rose >= 30x and stays >= 3x up, and the GradScaler
+  mistakes.
 - A hint (printed, exit 0) is a sign that correct code can show too: with balanced labels, a training
-  cross-entropy still within 5% of ln(classes) after >= 50 steps although the weights moved >= 20% (labels that do
-  not belong to their inputs, or a task the model cannot learn yet).
-- A consequence (printed, not counted) is a finding another one explains: piled-up gradients make the loss rise or
-  stay at chance, unshuffled data makes it spike; the cause is reported and the rest name it.
+  cross-entropy still within 5% of ln(classes) after >= 50 optimizer steps although the weights moved >= 20% by the
+  last watched step (labels that do not belong to their inputs, or a task the model has not learned yet).
+- A consequence (printed, not counted) is a loss sign (a rise, a non-finite loss, a loss at chance) that piled-up
+  gradients explain, and only where that was measured: the pile's norm had reached 3x its first before the sign
+  began. A loss sign that another cause found with it can make too, where nothing measures which one did
+  (unshuffled data and a rising loss), is printed as a hint that names that cause.
 - Where intent cannot be read from what runs, the watch says nothing: a model no optimizer steps (an EMA or mean
   teacher, a MoCo key encoder, a distillation teacher) may run in train mode under no_grad; so may the trained model
   in passes that recur in most iterations (a GAN's fakes, pseudo-labels), repeat one input (Monte Carlo dropout), or
-  follow an explicit eval() of its other layers; a broadcast that stretches one side only; one class in every batch.
+  follow an explicit eval() of its other layers; a BatchNorm frozen with momentum=0; a broadcast that stretches one
+  side only; one class in every batch.
+- Gradients, losses and labels are watched over the first `steps` optimizer steps only; a later pass in train mode
+  or a kept graph is still seen. A call is placed by the optimizer steps before it ("after optimizer step N", counting
+  the unwatched ones too); a loss by the step its backward precedes ("at step N").
 Exit 0 means only that none of these signs showed in the steps watched; the report lists what it looked for.
 """
 from __future__ import annotations
@@ -54,11 +63,14 @@ from ..timing import compare
 from .report import Report, WatchFinding
 from .watcher import EVERY_DETECTOR, Watcher
 
-__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "main", "measure_overhead", "overhead_line"]
+__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "HINT_ONLY", "main", "measure_overhead", "overhead_line"]
 
 # Which registered pitfall each detector observes, and the sign it looks for: declared once, by the detector (the
 # registry test runs every one of them both ways).
 DETECTS: dict[str, str] = {sign.pitfall: sign.sign for detector in EVERY_DETECTOR for sign in detector.signs()}
+# Of them, those the watch only ever hints at (printed, exit status 0): the catalogue marks them "hint", not ✔.
+HINT_ONLY: frozenset[str] = frozenset(sign.pitfall for detector in EVERY_DETECTOR for sign in detector.signs()
+                                      if sign.hint)
 
 
 @contextmanager

@@ -22,6 +22,12 @@ def floats(values: list[torch.Tensor]) -> list[float]:
     return torch.stack([v.float().cpu() for v in values]).tolist() if values else []
 
 
+def moment(step: int) -> str:
+    """When something ran, given the optimizer steps done before it: only what is known (a call after step N may
+    be a validation pass that no step N + 1 follows)."""
+    return f"after optimizer step {step}" if step else "before the first optimizer step"
+
+
 def _ratios(values: list[float]) -> str:
     return ", ".join(f"{v / values[0]:.1f}x" for v in values) if values and values[0] else "-"
 
@@ -32,6 +38,7 @@ class Sign:
 
     pitfall: str
     sign: str
+    hint: bool = False          # only ever a hint (exit 0): the catalogue marks it "hint", not ✔
 
 
 class Detector:
@@ -70,14 +77,16 @@ class ZeroGrad(Detector):
         self.last: dict[int, tuple[dict, int]] = {}   # id(opt) -> ({id(p): (ref(grad), data_ptr, version)}, backwards)
         self.resets: dict[int, tuple[int, str | None]] = {}   # id(opt) -> (backwards at the reset, where)
         self.ptrs: dict[int, int] = {}                # data_ptr of a .grad -> id(opt), to see in-place zeroing
-        self.streaks: dict[int, list[tuple[int, torch.Tensor]]] = {}   # id(opt) -> (step, grad norm), not reset
-        self.best: list[tuple[int, torch.Tensor]] = []
+        # id(opt) -> (step, grad norm, the scale unscale_ divided by before it or None), while never reset
+        self.streaks: dict[int, list[tuple[int, torch.Tensor, float | None]]] = {}
+        self.best: list[tuple[int, torch.Tensor, float | None]] = []
         self.best_where: str | None = None
         self.previous_norm: dict[int, torch.Tensor] = {}
         self.wheres: dict[int, str | None] = {}
         self.zeroed_found: WatchFinding | None = None
         self.clip: tuple[int, torch.Tensor] | None = None     # (backwards then, norm clip_grad_norm_ returned)
         self.clipped_norms = False
+        self.unscale: tuple[int, float] | None = None         # (backwards then, the scale GradScaler.unscale_ used)
 
     @staticmethod
     def _grads(opt) -> dict[int, torch.Tensor]:
@@ -106,6 +115,11 @@ class ZeroGrad(Detector):
         if isinstance(norm, torch.Tensor):
             self.clip = (self.watch.backwards, norm.detach().float().reshape(()))
 
+    def unscaled_by(self, scaler) -> None:
+        """GradScaler.unscale_ is about to divide every .grad by the scale: a pile's older part shrinks too."""
+        if scaler.is_enabled():
+            self.unscale = (self.watch.backwards, float(scaler.get_scale()))
+
     # --- steps --------------------------------------------------------------------------------------------------
     def step_pre(self, opt, step: int) -> None:
         grads = self._grads(opt)
@@ -131,11 +145,12 @@ class ZeroGrad(Detector):
         kept = reset is None and bool(common) and new >= 1 and all(
             snapshot[k][0]() is grads[k] and grads[k].data_ptr() == snapshot[k][1]
             and grads[k]._version > snapshot[k][2] for k in common)
+        scale = self.unscale[1] if self.unscale is not None and self.unscale[0] == self.watch.backwards else None
         if kept and id(opt) in self.previous_norm:
             if not streak:
-                streak.append((self.opt_step(opt) - 1, self.previous_norm[id(opt)]))
+                streak.append((self.opt_step(opt) - 1, self.previous_norm[id(opt)], scale))
                 self.wheres[id(opt)] = self.watch.where()
-            streak.append((self.opt_step(opt), norm))
+            streak.append((self.opt_step(opt), norm, scale))
             if len(streak) > len(self.best):
                 self.best, self.best_where = list(streak), self.wheres[id(opt)]
         else:
@@ -173,21 +188,35 @@ class ZeroGrad(Detector):
         found = [self.zeroed_found] if self.zeroed_found else []
         if len(self.best) < 3:
             return found
-        steps = [s for s, _ in self.best]
-        norms = floats([n for _, n in self.best])
+        steps = [s for s, _, _ in self.best]
+        norms = floats([n for _, n, _ in self.best])
+        scales = [k for _, _, k in self.best[1:]]
         shown = norms[:5]
-        evidence = {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown]}
+        grown = next((s for s, v in zip(steps, norms) if norms[0] and v >= 3 * norms[0]), None)
+        evidence = {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown],
+                    "grad norm >= 3x its first at step": grown}
         text = (f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
                 f"between steps: no zero_grad); the gradient norm"
                 f"{' (before clip_grad_norm_ scaled it)' if self.clipped_norms else ''} went {_ratios(shown)} of step "
                 f"{steps[0]}'s")
         if len(steps) < 10:
-            return found + [WatchFinding(self.NOT_ZEROED.pitfall, text, evidence, self.best_where, since=steps[0])]
+            return found + [WatchFinding(self.NOT_ZEROED.pitfall, text, evidence, self.best_where, since=steps[0],
+                                         explains_from=grown)]
         if norms[0] and math.isfinite(norms[0]) and math.isfinite(norms[-1]):
             text += f", and {norms[-1] / norms[0]:.3g}x at step {steps[-1]}"
-        text += f": each of these {len(steps)} steps used the sum of every gradient since step {steps[0]}"
+        if all(k is not None for k in scales):
+            text += (f": each step used what the backward passes since step {steps[0]} left in .grad, but "
+                     f"GradScaler.unscale_ divided all of it by the scale (last {scales[-1]:g}) before each of these "
+                     f"{len(steps) - 1} steps, so every earlier gradient shrank by that factor again at each step")
+            evidence["unscale_ before every step, scale"] = scales[-1]
+        elif self.clipped_norms:
+            text += (f": each of these {len(steps)} steps used what every backward since step {steps[0]} had added to "
+                     f".grad, scaled down again by each clip_grad_norm_ that clipped it")
+        else:
+            text += f": each of these {len(steps)} steps used the sum of every gradient since step {steps[0]}"
         return found + [WatchFinding(self.NOT_ZEROED_IN_TRAINING.pitfall, text,
-                                     {**evidence, "grad norm, last step": norms[-1]}, self.best_where, since=steps[0])]
+                                     {**evidence, "grad norm, last step": norms[-1]}, self.best_where, since=steps[0],
+                                     explains_from=grown)]
 
 
 class FrozenUpdated(Detector):
@@ -223,11 +252,23 @@ class FrozenUpdated(Detector):
         return [self.found] if self.found else []
 
 
+class _Output:
+    """An eval-mode forward's output with a grad_fn: whether a backward later went through it."""
+
+    __slots__ = ("ref", "used")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ref, self.used = weakref.ref(tensor), False
+
+    def mark(self, grad: Any) -> None:
+        self.used = True
+
+
 class Graphs(Detector):
     """Graphs that no backward will ever free: a running total of losses, evaluation outputs with a grad_fn."""
 
     EVAL_KEEPS_GRAPH = Sign("eval-without-no-grad",
-                            "eval-mode forwards with grad enabled, no backward, outputs kept alive")
+                            "eval-mode forwards with grad enabled whose outputs, alive together, no backward used")
     RUNNING_TOTAL = Sign("running-loss-keeps-graph",
                          "a sum of >= 3 forwards' loss tensors with a grad_fn, never backpropagated")
 
@@ -235,9 +276,10 @@ class Graphs(Detector):
         super().__init__(watch)
         self.tracked: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
         self.candidates: dict[int, tuple[weakref.ref, frozenset[int], str | None]] = {}
-        self.eval_outputs: list[weakref.ref] = []
-        self.eval_found: WatchFinding | None = None
+        self.eval_outputs: list[_Output] = []
+        self.eval_groups: list[tuple[list[_Output], str, str | None]] = []   # outputs alive together, model, where
         self.backpropagated: set[int] = set()    # forward passes whose loss a backward went through
+        self.retained: set[int] = set()          # of them, those whose backward had retain_graph=True
 
     def _lookup(self, value: Any) -> frozenset[int] | None:
         if isinstance(value, torch.Tensor) and id(value) in self.tracked:
@@ -271,38 +313,59 @@ class Graphs(Detector):
         covered = self._lookup(tensor)
         if covered:
             self.backpropagated |= covered
+            self.retained = (self.retained | covered) if self.watch.retaining else (self.retained - covered)
             self.candidates = {k: c for k, c in self.candidates.items() if not c[1] <= covered}
         self.eval_outputs = []
 
     def forward(self, module: nn.Module, output: Any, root: bool) -> None:
-        if not root or module.training or not torch.is_grad_enabled() or self.eval_found is not None:
+        if not root or module.training or not torch.is_grad_enabled() or len(self.eval_groups) >= 64:
             return
         tensor = output if isinstance(output, torch.Tensor) else None
         if tensor is None or tensor.grad_fn is None:
             return
-        alive = sum(r() is not None for r in self.eval_outputs)
-        self.eval_outputs.append(weakref.ref(tensor))
-        if alive >= 2:
-            self.eval_found = WatchFinding(
+        record = _Output(tensor)
+        try:
+            tensor.register_hook(record.mark)       # a later backward through it: the pass was training, not eval
+        except RuntimeError:
+            return
+        self.eval_outputs = [r for r in self.eval_outputs if r.ref() is not None] + [record]
+        if len(self.eval_outputs) >= 3:
+            self.eval_groups.append((list(self.eval_outputs), type(module).__name__, self.watch.where()))
+
+    def _eval_kept(self) -> WatchFinding | None:
+        for outputs, model, where in self.eval_groups:      # decided when the watch ends: was any output used?
+            if any(r.used for r in outputs):
+                continue
+            n = len(outputs)
+            return WatchFinding(
                 self.EVAL_KEEPS_GRAPH.pitfall,
-                f"{alive + 1} forward passes of {type(module).__name__} in eval mode ran with gradients enabled and "
-                f"no backward between them; their outputs, still alive, keep every pass's graph and activations "
-                f"(use torch.no_grad() or torch.inference_mode())",
-                {"forwards": alive + 1, "outputs alive with a grad_fn": alive + 1}, self.watch.where())
+                f"{n} forward passes of {model} in eval mode ran with gradients enabled and no backward between "
+                f"them; their outputs were alive together, each keeping its pass's graph and activations, and no "
+                f"backward ever used them (use torch.no_grad() or torch.inference_mode())",
+                {"forwards": n, "outputs alive with a grad_fn": n, "used by a backward": 0}, where)
+        return None
 
     def findings(self) -> list[WatchFinding]:
-        found = [self.eval_found] if self.eval_found else []
+        found = [f for f in (self._eval_kept(),) if f is not None]
         if self.candidates:
             _, forwards, where = max(self.candidates.values(), key=lambda c: len(c[1]))
             n, done = len(forwards), len(forwards & self.backpropagated)
-            kept = ("it keeps every one of those graphs alive, with the activations they saved" if not done else
-                    f"each of those losses was backpropagated on its own, which freed the activations it saved, "
-                    f"but the sum still holds all {n} graphs' nodes, a chain that grows every step"
-                    if done == n else f"{n - done} of those losses were never backpropagated: the sum keeps their "
-                    f"graphs alive, with the activations they saved")
+            retained = len(forwards & self.retained)
+            freed = done - retained
+            if freed == n:
+                kept = (f"each of those losses was backpropagated on its own, which freed the activations it saved, "
+                        f"but the sum still holds all {n} graphs' nodes, a chain that grows every step")
+            elif freed == 0:
+                kept = "it keeps every one of those graphs alive, with the activations they saved" + (
+                    f" ({retained} of them were backpropagated with retain_graph=True, which frees nothing)"
+                    if retained else "")
+            else:
+                kept = (f"{n - freed} of those losses were never backpropagated, or only with retain_graph=True: the "
+                        f"sum keeps their graphs alive, with the activations they saved")
             found.append(WatchFinding(
                 self.RUNNING_TOTAL.pitfall,
                 f"a tensor summing the losses of {n} forward passes carries a grad_fn and no backward went through "
                 f"it: {kept} (add loss.item() instead)",
-                {"forward passes summed": n, "of them backpropagated on their own": done}, where))
+                {"forward passes summed": n, "of them backpropagated on their own": done,
+                 "of them with retain_graph=True": retained}, where))
         return found

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import SHAPE_LOSSES, Detector, Sign, floats
+from .detectors import LOSS_CALLS, SHAPE_LOSSES, Detector, Sign, floats, moment
 from .report import WatchFinding
 
 _MAX_CLASSES = 1024           # label statistics are kept for classifiers up to this many classes
@@ -21,7 +21,7 @@ class LossCalls(Detector):
     SOFTMAX_FIRST = Sign("softmax-before-cross-entropy", "cross_entropy's input is the output of softmax")
     BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target both broadcast to a larger shape")
     AT_CHANCE = Sign("shuffled-labels", "a hint: with balanced labels, training cross-entropy within 5% of ln(C) "
-                                        "after >= 50 steps, although the weights moved >= 20%")
+                                        "after >= 50 steps, although the weights moved >= 20%", hint=True)
     UNSHUFFLED = Sign("shuffle-off-for-training",
                       "training batches of (nearly) one class each, or labels in sorted order, while several classes "
                       "appear over the run")
@@ -38,12 +38,17 @@ class LossCalls(Detector):
         self.targets: list[torch.Tensor] = []
         self.where_first: str | None = None
         self.where_loss: str | None = None
-        self.sequential: bool | None = None      # whether the loader iterated last had shuffle=False
+        self.sequential = False                  # whether a shuffle=False DataLoader yielded the first batch's labels
+        self.moved_at_end: float | None = None   # how far the weights moved by the last watched step
         self.start: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # id(opt) -> [(param, sample)]
 
     def step_pre(self, opt, step: int) -> None:
         if id(opt) not in self.start:           # a strided sample of every weight, to measure how far they moved
             self.start[id(opt)] = [(p, self._sample(p).clone()) for g in opt.param_groups for p in g["params"]]
+
+    def step_post(self, opt, step: int) -> None:
+        if step == self.watch.steps:            # the last watched step: what runs after it is not measured
+            self.moved_at_end = self.moved()
 
     @staticmethod
     def _sample(p: torch.Tensor) -> torch.Tensor:
@@ -75,7 +80,7 @@ class LossCalls(Detector):
             if shape != x.shape and shape != target.shape:     # both stretched: (B, 1) against (B,) gives (B, B)
                 self.found[self.BROADCAST.pitfall] = WatchFinding(
                     self.BROADCAST.pitfall,
-                    f"{name} at step {self.watch.step + 1} got input {tuple(x.shape)} and target "
+                    f"{name} {self.watch.moment()} got input {tuple(x.shape)} and target "
                     f"{tuple(target.shape)}: they broadcast to {tuple(shape)}, so every prediction is compared "
                     f"with every target", {"input": list(x.shape), "target": list(target.shape),
                                            "broadcast to": list(shape)}, self.watch.where(), since=self.watch.step + 1)
@@ -87,7 +92,7 @@ class LossCalls(Detector):
             if made:
                 self.found[self.SOFTMAX_FIRST.pitfall] = WatchFinding(
                     self.SOFTMAX_FIRST.pitfall,
-                    f"cross_entropy at step {self.watch.step + 1} got {made} (shape {tuple(x.shape)}) as its input: "
+                    f"cross_entropy {self.watch.moment()} got {made} (shape {tuple(x.shape)}) as its input: "
                     f"it applies log_softmax itself and wants raw logits",
                     {"input": made, "shape": list(x.shape)}, self.watch.where(), since=self.watch.step + 1)
         training = torch.is_grad_enabled() and loss.requires_grad and self.watch.active
@@ -95,7 +100,7 @@ class LossCalls(Detector):
             return
         if not self.ce:
             self.classes, self.where_loss = x.shape[1], self.watch.where()
-            self.sequential = self.watch.loader_sequential
+            self.sequential = any(r() is target for r in self.watch.sequential_batch)
         if x.shape[1] != self.classes:
             return                              # another head: the statistics follow the first one
         self.ce.append(loss.detach().clone())
@@ -162,19 +167,25 @@ class LossCalls(Detector):
         share = self.counts.float().cpu() / self.counts.sum().cpu()
         entropy = float(-(share[share > 0] * share[share > 0].log()).sum())
         chance = math.log(self.classes)
-        moved = self.moved()
+        moved = self.moved_at_end if self.moved_at_end is not None else self.moved()
         if entropy < 0.95 * chance:
             return None                 # unbalanced labels (a language model's characters): chance is no landmark
-        if abs(last / chance - 1) > 0.05 or moved is None or moved < 0.2:
+        if moved is None or not math.isfinite(last) or not math.isfinite(moved):
+            return None                 # a NaN is at no distance from chance
+        if abs(last / chance - 1) > 0.05 or moved < 0.2:
             return None
+        steps = self.watch.step
+        calls = f" ({len(values)} cross-entropy calls)" if len(values) != steps else ""
         return WatchFinding(
             self.AT_CHANCE.pitfall,
-            f"after {len(values)} training steps the cross-entropy is still {last:.3f} (mean of the last 20), within "
-            f"{abs(last / chance - 1):.0%} of chance (ln({self.classes}) = {chance:.3f}, the labels being balanced), "
-            f"although the optimizer changed the weights by {moved:.0%} of their norm: the model moves but does not "
-            f"learn from these labels; check that each label belongs to its input",
-            {"steps": len(values), "loss, last 20": last, "chance": chance, "label entropy": entropy,
-             "weights moved (relative)": moved}, self.where_loss, certain=False, since=len(values))
+            f"after {steps} optimizer steps{calls} the training cross-entropy is still {last:.3f} (mean of its last "
+            f"20), within {abs(last / chance - 1):.0%} of chance (ln({self.classes}) = {chance:.3f}, the labels being "
+            f"balanced), although the optimizer changed the weights by {moved:.0%} of their norm: the model moves "
+            f"but has not left chance. Either the labels do not belong to their inputs (check them), or the model "
+            f"has not learned the task yet (too few steps, a learning rate too small, a task too hard for it)",
+            {"optimizer steps": steps, "cross-entropy calls": len(values), "loss, last 20": last, "chance": chance,
+             "label entropy": entropy, "weights moved (relative)": moved}, self.where_loss, certain=False,
+            since=steps)
 
     def findings(self) -> list[WatchFinding]:
         found = list(self.found.values())
@@ -185,42 +196,74 @@ class LossCalls(Detector):
 class LossValues(Detector):
     """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and each loss."""
 
-    POISONED_INPUT = Sign("nan-from-a-poisoned-sample", "NaN/inf in a model's input batch")
-    NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs")
+    POISONED_INPUT = Sign("nan-from-a-poisoned-sample",
+                          "NaN/inf in a model's input batch, or in a loss's target when that loss came out non-finite")
+    NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs and targets")
     LOSS_RISES = Sign("learning-rate-too-high",
                       "a loss made by a loss function, backpropagated at one line, rising >= 30x above its first value "
                       "and staying >= 3x")
 
     def __init__(self, watch) -> None:
         super().__init__(watch)
-        self.inputs: list[tuple[torch.Tensor, int, str, str | None]] = []   # (count of non-finite, step, module, where)
+        # (count of non-finite values, optimizer steps before, what held them, where), until the first bad one
+        self.inputs: list[tuple[torch.Tensor, int, str, str | None]] = []
+        self.bad_input: tuple[int, int, str] | None = None
+        self.outputs: list[weakref.ref] = []     # the last root outputs: a model's input made by one is no sample
         self.losses: dict[str | None, list[tuple[int, torch.Tensor]]] = {}  # where backward ran -> (step, loss)
         self.recent: list[torch.Tensor] = []
         self.count = 0                           # scalar losses backpropagated
         self.minimised: set[str | None] = set()  # the series made by a loss function (cross_entropy, mse_loss...)
         self.check_modules = False
         self.checked = 0                         # forward passes checked for a non-finite output
-        self.first_bad: tuple[str, bool] | None = None   # (module, whether its own weights were all finite)
+        self.first_bad: tuple[str, bool | None] | None = None   # (module, own weights all finite; None: it has none)
+
+    def _keep(self, values: torch.Tensor, what: str, counts: torch.Tensor | None = None) -> None:
+        """Count a batch's non-finite values without a sync; every 400 batches, look (and stop at the first bad)."""
+        if self.bad_input is not None:
+            return
+        n = (~torch.isfinite(values.detach())).sum()
+        self.inputs.append((n if counts is None else n * counts, self.watch.step, what, None))
+        if len(self.inputs) >= 400:
+            self._first_bad_input()
+            self.inputs = []
+
+    def _first_bad_input(self) -> None:
+        if self.bad_input is None and self.inputs:
+            counts = floats([n for n, _, _, _ in self.inputs])
+            bad = next((i for i, n in enumerate(counts) if n), None)
+            if bad is not None:
+                _, step, what, _ = self.inputs[bad]
+                self.bad_input = (int(counts[bad]), step, what)
 
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
-        if root and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and self.watch.active:
-            if len(self.inputs) < 400:
-                self.inputs.append(((~torch.isfinite(args[0].detach())).sum(), self.watch.step + 1,
-                                    self.watch.module_name(module), None))
+        if root and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            x = args[0]
+            if x.grad_fn is not None or any(r() is x for r in self.outputs):
+                return                           # an activation (one model's output fed to another), not a sample
+            self._keep(x, f"the input batch of {self.watch.module_name(module)}")
+
+    def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        if name not in LOSS_CALLS or len(args) < 2 or not isinstance(args[1], torch.Tensor) \
+                or not args[1].is_floating_point() or not isinstance(result, torch.Tensor):
+            return
+        # a target's non-finite values count only where the loss came out non-finite (a masked NaN does not)
+        self._keep(args[1], f"the target of {name}", (~torch.isfinite(result.detach())).any())
 
     def forward(self, module: nn.Module, output: Any, root: bool) -> None:
+        if root and isinstance(output, torch.Tensor):
+            self.outputs = [r for r in self.outputs[-3:] if r() is not None] + [weakref.ref(output)]
         if not self.check_modules or self.first_bad is not None:
             return
         if isinstance(output, torch.Tensor) and output.is_floating_point() \
                 and not bool(torch.isfinite(output.detach()).all()):
             own = list(module.parameters(recurse=False))
-            finite = all(bool(torch.isfinite(p.detach()).all()) for p in own)
-            self.first_bad = (f"{self.watch.module_name(module)} ({type(module).__name__})", finite and bool(own))
+            finite = all(bool(torch.isfinite(p.detach()).all()) for p in own) if own else None
+            self.first_bad = (f"{self.watch.module_name(module)} ({type(module).__name__})", finite)
         elif root:
             self.checked += 1
 
     def backward(self, tensor: torch.Tensor) -> None:
-        if tensor.numel() == 1 and self.watch.active:
+        if tensor.numel() == 1:
             value = tensor.detach().reshape(()).clone()
             where = self.watch.where(frames=2)          # one series per line (and caller): a GAN's two losses apart
             self.losses.setdefault(where, []).append((self.watch.step + 1, value))
@@ -243,32 +286,35 @@ class LossValues(Detector):
             module, own_finite = self.first_bad
             after = (f"; in the forward passes after it, the first module whose output was non-finite was {module}"
                      + (" (its own weights were still finite)" if own_finite else
+                        " (it has no parameters of its own; no module that returned before it in that pass gave a "
+                        "non-finite tensor)" if own_finite is None else
                         " (its own weights were already non-finite, written by a step)"))
         elif self.checked:
             after = (f"; in the {self.checked} forward pass(es) checked after it, no module's output was "
                      f"non-finite: the loss computation itself made it (a log of 0? a division by 0?)")
         else:
             after = ""                           # no forward ran after it was seen: nothing was checked
+        if finite and finite[0] > 0 and max(finite) >= 3 * finite[0]:
+            before = f" after rising from {finite[0]:.3g} to {max(finite):.3g}"
+        else:
+            before = f" (its last finite value was {finite[-1]:.3g})" if finite else ""
         return WatchFinding(
             self.NON_FINITE_LOSS.pitfall,
-            f"the loss became {losses[bad]} at step {steps[bad]}, from finite inputs"
-            + (f" after rising from {finite[0]:.3g} to {max(finite):.3g}" if finite else "") + after,
+            f"the loss became {losses[bad]} at step {steps[bad]}, from finite inputs and targets{before}{after}",
             {"first non-finite loss at step": steps[bad], "largest finite loss": max(finite) if finite else None,
              "first non-finite module": self.first_bad[0] if self.first_bad else None,
              "forward passes checked": self.checked}, where, since=steps[bad])
 
     def findings(self) -> list[WatchFinding]:
-        bad_inputs = [(int(n), step, module) for n, step, module, _ in self.inputs if int(n)]
+        self._first_bad_input()
         series = {where: ([s for s, _ in v], floats([t for _, t in v])) for where, v in self.losses.items()}
-        if bad_inputs:
-            n, step, module = bad_inputs[0]
+        if self.bad_input is not None:
+            n, step, what = self.bad_input
             where = next(iter(series), None)
             where = where and where.split(" <- ")[0]
             return [WatchFinding(
-                self.POISONED_INPUT.pitfall,
-                f"the input batch of {module} at step {step} held {n} NaN/inf value(s)",
-                {"step": step, "non-finite input values": n, "batches with them": len(bad_inputs)}, where,
-                since=step)]
+                self.POISONED_INPUT.pitfall, f"{what} {moment(step)} held {n} NaN/inf value(s)",
+                {"optimizer steps before it": step, "non-finite values": n, "in": what}, where, since=step + 1)]
         found = []
         for where, (steps, losses) in series.items():
             bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
@@ -282,7 +328,7 @@ class LossValues(Detector):
                     found.append(WatchFinding(
                         self.LOSS_RISES.pitfall,
                         f"the loss rose from {losses[0]:.3g} (step {steps[0]}) to {peak:.3g} (step {steps[at]}) "
-                        f"and is still {last:.3g} over its last 5 steps: each update made it worse",
+                        f"and is still {last:.3g} over its last 5 steps, {last / losses[0]:.3g}x where it started",
                         {"first loss": losses[0], "largest loss": peak, "last 5 steps": last}, where.split(" <- ")[0],
                         since=next(s for s, v in zip(steps, losses) if v >= 3 * losses[0])))
         found.sort(key=lambda f: f.since)

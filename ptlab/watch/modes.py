@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import Detector, Sign, floats
+from .detectors import Detector, Sign, floats, moment
 from .report import WatchFinding
 
 _BN, _DROPOUT = nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd
@@ -91,7 +91,7 @@ class Modes(Detector):
     def forward_pre(self, module: nn.Module, args: tuple, root: bool) -> None:
         if root:
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            self.current = _Pass(module, torch.is_grad_enabled(), self.watch.step, x)
+            self.current = _Pass(module, torch.is_grad_enabled(), self.watch.all_steps, x)
         p = self.current
         if p is None or not isinstance(module, (_BN, _DROPOUT)):
             return
@@ -102,7 +102,8 @@ class Modes(Detector):
         if not is_bn and not (isinstance(module, _DROPOUT) and module.p > 0):
             return
         holders: list = []
-        if is_bn and module.affine and not module.weight.requires_grad and id(module) not in self.frozen:
+        if is_bn and module.affine and not module.weight.requires_grad and module.momentum != 0 \
+                and id(module) not in self.frozen:          # momentum 0: its statistics frozen that way instead
             self.frozen[id(module)] = _Frozen(module, p, self._label(module))
             holders.append(self.frozen[id(module)])
         if p.module is None:
@@ -217,11 +218,13 @@ class Modes(Detector):
             if not self._frozen_prefix(root, module):
                 continue
             drift = floats([frozen.drift])[0] if frozen.drift is not None else None
+            if drift == 0:
+                continue                            # its statistics did not move: nothing measured to report
             moved = f": this one forward moved its running_mean by up to {drift:.3g}" if drift is not None else ""
             return WatchFinding(
                 self.FROZEN_BN_TRAINING.pitfall,
                 f"{frozen.label} and every layer before it are frozen (requires_grad=False) while the rest of the "
-                f"{type(root).__name__} trains, but it ran in train mode in a training forward at step {p.step + 1}"
+                f"{type(root).__name__} trains, but it ran in train mode in a training forward {moment(p.step)}"
                 f"{moved}; its running statistics keep moving to the new data (call .eval() on the frozen part "
                 f"after every model.train())",
                 {"module": frozen.label, "step": p.step + 1, "running_mean moved by (max), one forward": drift},

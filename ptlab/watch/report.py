@@ -21,6 +21,10 @@ class WatchFinding:
     certain: bool = True
     consequence_of: str | None = None
     since: int = 0                  # the optimizer step from which the sign showed (orders causes and consequences)
+    # a cause that can explain loss signs: the step from which it was measured large enough to (piled-up gradients
+    # >= 3x their first norm); None: it explains nothing, and every other finding stays a cause of its own
+    explains_from: int | None = None
+    why_consequence: str = ""
 
     @property
     def kind(self) -> str:
@@ -36,18 +40,31 @@ class WatchFinding:
         record = {"pitfall": self.pitfall, "kind": self.kind, "message": self.message, "evidence": evidence}
         if self.consequence_of:
             record["consequence_of"] = self.consequence_of
+            record["why_consequence"] = self.why_consequence
         return record
 
 
-def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]]) -> list[WatchFinding]:
-    """Mark each finding that a certain finding which began no later explains (`explains`: cause -> the ids it
-    explains); causes first, then consequences, then hints."""
+def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]],
+                      may_explain: dict[str, set[str]] | None = None) -> list[WatchFinding]:
+    """Mark each finding that a certain finding explains (`explains`: cause -> the ids it can explain), only where
+    what was measured says so: the cause had grown large (`explains_from`) no later than the sign began. Causes
+    first, then consequences, then hints."""
     causes = [f for f in findings if f.certain]
     for finding in findings:
         cause = next((c for c in causes if c is not finding and finding.pitfall in explains.get(c.pitfall, ())
-                      and c.since <= max(finding.since, 1) and c.consequence_of is None), None)
+                      and c.explains_from is not None and c.explains_from <= max(finding.since, 1)
+                      and c.consequence_of is None), None)
         if cause is not None:
             finding.consequence_of = cause.pitfall
+            finding.why_consequence = (f"the piled-up gradient norm was >= 3x its first from step "
+                                       f"{cause.explains_from}, before this began at step {finding.since}")
+            continue
+        other = next((c for c in causes if c is not finding and c.certain and c.since <= max(finding.since, 1)
+                      and finding.pitfall in (may_explain or {}).get(c.pitfall, ())), None)
+        if other is not None and finding.certain:      # it may be that cause's doing: nothing measured which
+            finding.certain = False
+            finding.message += (f" ({other.pitfall}, found above, can do this too, and nothing here measured "
+                                f"which one did)")
     order = {"cause": 0, "consequence": 1, "hint": 2}
     return sorted(findings, key=lambda f: order[f.kind])
 
@@ -105,7 +122,7 @@ class Report:
             if group and title:
                 lines.append(title)
             for f in group:
-                because = f" [a consequence of {f.consequence_of}]" if f.consequence_of else ""
+                because = f" [a consequence of {f.consequence_of}: {f.why_consequence}]" if f.consequence_of else ""
                 lines.append(f"- {f.pitfall}:{because} {f.message}")
                 if f.where:
                     lines.append(f"    at {_shown_place(f.where)}")

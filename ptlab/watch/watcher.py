@@ -5,6 +5,7 @@ import os
 import runpy
 import sys
 import warnings
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -14,7 +15,7 @@ from torch import nn
 from torch.nn.modules.loss import _Loss
 from torch.overrides import TorchFunctionMode
 
-from .detectors import LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector, FrozenUpdated, Graphs, ZeroGrad
+from .detectors import LOSS_CALLS, SHAPE_LOSSES, SUM_CALLS, Detector, FrozenUpdated, Graphs, ZeroGrad, moment
 from .losses import LossCalls, LossValues
 from .modes import Modes
 from .report import WatchFinding, mark_consequences
@@ -23,22 +24,25 @@ from .wrapped import Amp, Samplers
 # Every detector, in the order their findings are reported.
 EVERY_DETECTOR: list[type[Detector]] = [ZeroGrad, FrozenUpdated, LossCalls, Graphs, Modes, LossValues, Amp, Samplers]
 
-# cause -> the findings it explains: gradients piled up or thrown away, unshuffled data, a softmax fed to the loss,
-# a poisoned batch, a step too large or a non-finite loss leave the loss high, rising or at chance. The cause is
-# reported; the rest are marked as its consequences and do not count as causes of their own.
+# cause -> the findings it can explain: gradients piled up (never reset) make the steps, and so the loss, grow. A
+# finding is marked as its consequence only where the measured figures say so (report.mark_consequences: the pile's
+# norm had reached 3x its first before the loss sign began); nothing else is marked, since nothing here measures
+# that unshuffled data or a softmax made a loss rise (the rise can have a cause of its own).
 _LOSS_SIGNS = {LossValues.LOSS_RISES.pitfall, LossValues.NON_FINITE_LOSS.pitfall, LossCalls.AT_CHANCE.pitfall}
 EXPLAINS: dict[str, set[str]] = {
     ZeroGrad.NOT_ZEROED.pitfall: _LOSS_SIGNS,
     ZeroGrad.NOT_ZEROED_IN_TRAINING.pitfall: _LOSS_SIGNS,
-    ZeroGrad.ZEROED_BEFORE_STEP.pitfall: {LossCalls.AT_CHANCE.pitfall},
+}
+# cause -> the loss signs it can make that nothing measures: found with it, such a sign is printed as a hint (exit
+# 0) that names the cause, neither a cause of its own nor a consequence.
+MAY_EXPLAIN: dict[str, set[str]] = {
     LossCalls.UNSHUFFLED.pitfall: _LOSS_SIGNS,
     LossCalls.SOFTMAX_FIRST.pitfall: {LossCalls.AT_CHANCE.pitfall},
-    LossValues.POISONED_INPUT.pitfall: _LOSS_SIGNS,
-    LossValues.LOSS_RISES.pitfall: {LossCalls.AT_CHANCE.pitfall, LossValues.NON_FINITE_LOSS.pitfall},
-    LossValues.NON_FINITE_LOSS.pitfall: {LossCalls.AT_CHANCE.pitfall},
+    ZeroGrad.ZEROED_BEFORE_STEP.pitfall: {LossCalls.AT_CHANCE.pitfall},
 }
 # In-place writes that reset a .grad when they land on its memory (zero_grad's own are seen by wrapping it).
-_RESETS = {"zero_", "fill_", "copy_", "mul_", "_foreach_zero_"}
+# An assignment into it (`p.grad[:] = 0`) replaces what it held: a reset too, whatever the value.
+_RESETS = {"zero_", "fill_", "copy_", "mul_", "_foreach_zero_", "__setitem__"}
 
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
 _SKIP_DIRS = (_OWN_DIR, str(Path(torch.__file__).parent), str(Path(runpy.__file__).parent))
@@ -69,8 +73,11 @@ class _Mode(TorchFunctionMode):
             if name in w.call_names:
                 w.on_call(name, args, kwargs, result)
             elif name == "backward" and args and isinstance(args[0], torch.Tensor):
-                w.on_backward(args[0])
-            elif name in _RESETS and args and w.zero.ptrs and (name in ("zero_", "copy_", "_foreach_zero_") or (
+                retain = kwargs.get("retain_graph", args[2] if len(args) > 2 else None)
+                w.on_backward(args[0], bool(kwargs.get("create_graph", args[3] if len(args) > 3 else False))
+                              if retain is None else bool(retain))
+            elif name in _RESETS and args and w.zero.ptrs and (name in ("zero_", "copy_", "_foreach_zero_",
+                                                                        "__setitem__") or (
                     len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 0)):
                 with w._quiet():
                     for tensor in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]]):
@@ -111,6 +118,7 @@ class Watcher:
 
     def __init__(self, steps: int) -> None:
         self.steps, self.step, self.backwards, self.forwards = steps, 0, 0, 0
+        self.all_steps = 0          # optimizer steps, the ones after the watched `steps` too (to place what follows)
         self.busy = False
         self.depth = 0
         self.names: dict[int, str] = {}
@@ -122,7 +130,8 @@ class Watcher:
         self.opt_params: dict[int, frozenset[int]] = {}   # id(optimizer) -> ids of its parameters that train
         self.opt_steps: dict[int, int] = {}               # id(optimizer) -> steps observed
         self.trained: set[int] = set()                    # ids of parameters an optimizer stepped
-        self.loader_sequential: bool | None = None        # whether the DataLoader iterated last has shuffle=False
+        self.retaining = False                            # whether the backward under way has retain_graph=True
+        self.sequential_batch: list[weakref.ref] = []     # the tensors of the batch a shuffle=False loader yielded
         self.call_names = LOSS_CALLS | SUM_CALLS | {"softmax"}
         self.interesting = frozenset(self.call_names | SHAPE_LOSSES | _RESETS | {"backward"})
         self.popped = False                                   # the function mode is off the stack inside step()
@@ -151,6 +160,11 @@ class Watcher:
             frame = frame.f_back
         return " <- ".join(found) if found else None
 
+    def moment(self) -> str:
+        """When a call ran, in optimizer steps, saying only what is known: a call after step N may be a validation
+        pass that no step N + 1 follows."""
+        return moment(self.all_steps)
+
     def module_name(self, module: nn.Module) -> str:
         return self.names.get(id(module), type(module).__name__)
 
@@ -171,10 +185,10 @@ class Watcher:
             for call in self._by["call"]:
                 call(name, args, kwargs, result)
 
-    def on_backward(self, tensor) -> None:
+    def on_backward(self, tensor, retain: bool = False) -> None:
         with self._quiet():
             self.backwards += 1
-            self.depth = 0
+            self.depth, self.retaining = 0, retain
             for backward in self._by["backward"]:
                 backward(tensor)
 
@@ -232,6 +246,7 @@ class Watcher:
 
     def step_post(self, opt, args, kwargs) -> None:
         self._mode_on()
+        self.all_steps += 1
         if not self.active:
             return
         with self._quiet():
@@ -250,7 +265,8 @@ class Watcher:
     def install(self) -> None:
         from torch.nn.modules import module as module_hooks
         from torch.optim import optimizer as optimizer_hooks
-        from torch.utils.data import DataLoader
+        from torch.utils.data import DataLoader, SequentialSampler
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
 
         amp = next(d for d in self.detectors if isinstance(d, Amp))
         samplers = next(d for d in self.detectors if isinstance(d, Samplers))
@@ -287,12 +303,27 @@ class Watcher:
 
         scaler_cls = torch.amp.GradScaler
         self._patch(scaler_cls, "scale", scale)
-        self._patch(scaler_cls, "unscale_", lambda o: around(o, lambda *a: amp.unscaled()))
+        self._patch(scaler_cls, "unscale_", lambda o: around(o, lambda s, *a: amp.unscaled(s)))
         self._patch(scaler_cls, "step", lambda o: around(o, lambda s, *a: amp.scaler_step(s, a[0] if a else None)))
         self._patch(scaler_cls, "update", lambda o: around(o, lambda s, *a: amp.scaler_update(s)))
         self._patch(torch.nn.utils, "clip_grad_norm_", clip)
         self._patch(torch.nn.utils.clip_grad, "clip_grad_norm_", clip)
         self._patch(DataLoader, "__iter__", lambda o: around(o, lambda loader, *a: samplers.loader_iter(loader)))
+
+        def next_batch(original):
+            def wrapper(iterator):
+                batch = original(iterator)
+                if watcher.active:          # a shuffle=False loader's batch is known by its tensors' identity
+                    sampler = getattr(iterator, "_index_sampler", None)
+                    sequential = isinstance(getattr(sampler, "sampler", sampler), SequentialSampler)
+                    values = batch.values() if isinstance(batch, dict) else batch if isinstance(
+                        batch, (tuple, list)) else [batch]
+                    watcher.sequential_batch = [weakref.ref(v) for v in values
+                                                if sequential and isinstance(v, torch.Tensor)]
+                return batch
+            return wrapper
+
+        self._patch(_BaseDataLoaderIter, "__next__", next_batch)
 
         def zero_grad(original):
             def wrapper(owner, *args, **kwargs):
@@ -336,4 +367,4 @@ class Watcher:
         with torch._C.DisableTorchFunction():
             for detector in self.detectors:
                 found += detector.findings()
-        return mark_consequences(found, EXPLAINS)
+        return mark_consequences(found, EXPLAINS, MAY_EXPLAIN)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import Detector, Sign
+from .detectors import Detector, Sign, moment
 from .report import WatchFinding
 
 
@@ -31,7 +31,7 @@ class Amp(Detector):
         if root and self.fp16_forward is None and torch.is_grad_enabled():   # an evaluation pass trains nothing
             for device in ("cuda", "cpu"):
                 if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16:
-                    self.fp16_forward = (self.watch.module_name(module), self.watch.step + 1)
+                    self.fp16_forward = (self.watch.module_name(module), self.watch.all_steps)
 
     def step_post(self, opt, step: int) -> None:
         self.fp16_forward = None          # what an earlier forward did is no longer this step's business
@@ -49,9 +49,9 @@ class Amp(Detector):
             module, step = self.fp16_forward
             self.found[self.NO_SCALER.pitfall] = WatchFinding(
                 self.NO_SCALER.pitfall,
-                f"backward at step {step} ran on a loss computed under float16 autocast ({module}) that no enabled "
+                f"backward {moment(step)} ran on a loss computed under float16 autocast ({module}) that no enabled "
                 f"GradScaler had scaled: gradients below float16's smallest value (6e-8) become 0",
-                {"module": module, "step": step, "autocast dtype": "float16"}, self.watch.where())
+                {"module": module, "optimizer steps before it": step, "autocast dtype": "float16"}, self.watch.where())
         self.fp16_forward = None
 
     def clip(self, norm: Any) -> None:
@@ -60,13 +60,14 @@ class Amp(Detector):
             seen = float(norm)
             self.found[self.CLIP_SCALED.pitfall] = WatchFinding(
                 self.CLIP_SCALED.pitfall,
-                f"clip_grad_norm_ at step {self.watch.step + 1} clipped gradients still multiplied by the "
+                f"clip_grad_norm_ {self.watch.moment()} clipped gradients still multiplied by the "
                 f"GradScaler's scale ({scale:g}): it saw a norm of {seen:.4g}, the true one is about "
                 f"{seen / scale:.4g}; call scaler.unscale_(optimizer) first",
                 {"norm seen": seen, "scale": scale}, self.watch.where())
 
-    def unscaled(self) -> None:
+    def unscaled(self, scaler) -> None:
         self.pending_scaler = None
+        self.watch.zero.unscaled_by(scaler)
 
     def scaler_step(self, scaler, optimizer=None) -> None:
         self.pending_scaler = None
@@ -74,7 +75,7 @@ class Amp(Detector):
         if self.stepped.get(key) and self.UPDATE_FORGOTTEN.pitfall not in self.found:
             self.found[self.UPDATE_FORGOTTEN.pitfall] = WatchFinding(
                 self.UPDATE_FORGOTTEN.pitfall,
-                f"scaler.step() was called again at step {self.watch.step + 1} with no scaler.update() since the "
+                f"scaler.step() was called again {self.watch.moment()} with no scaler.update() since the "
                 f"last one on the same optimizer", {"step": self.watch.step + 1}, self.watch.where())
         self.stepped[key] = True
 
@@ -83,7 +84,7 @@ class Amp(Detector):
         if not stepped and scaler.is_enabled() and self.UPDATE_FIRST.pitfall not in self.found:
             self.found[self.UPDATE_FIRST.pitfall] = WatchFinding(
                 self.UPDATE_FIRST.pitfall,
-                f"scaler.update() was called with no scaler.step() before it (after step {self.watch.step})",
+                f"scaler.update() was called with no scaler.step() before it ({self.watch.moment()})",
                 {"step": self.watch.step}, self.watch.where())
         for key in self.stepped:
             if key[0] == id(scaler):
@@ -105,11 +106,9 @@ class Samplers(Detector):
         self.found: WatchFinding | None = None
 
     def loader_iter(self, loader) -> None:
-        from torch.utils.data import SequentialSampler
         from torch.utils.data.distributed import DistributedSampler
 
         sampler = getattr(loader, "sampler", None)
-        self.watch.loader_sequential = isinstance(sampler, SequentialSampler)
         if isinstance(sampler, DistributedSampler) and sampler.shuffle and self.found is None:
             seen = self.epochs.setdefault(id(sampler), [])
             if seen.count(sampler.epoch) >= 2:     # a third pass with one epoch: a peek plus one epoch is only 2

@@ -88,7 +88,7 @@ def test_pitfalls_run_without_an_id_prints_the_list_and_the_usage(capsys):
 
 
 def test_pitfalls_list_has_the_watch_column(capsys):
-    from ptlab.watch import DETECTS
+    from ptlab.watch import DETECTS, HINT_ONLY
 
     assert main(["pitfalls", "list"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -99,7 +99,8 @@ def test_pitfalls_list_has_the_watch_column(capsys):
     assert set(rows) == {p.id for p in all_pitfalls()} and DETECTS
     for record in all_pitfalls():
         row = rows[record.id]
-        assert row[column] == ("✔" if record.id in DETECTS else " "), row
+        mark = "hint" if record.id in HINT_ONLY else "✔" if record.id in DETECTS else " "
+        assert row[column:column + len(mark)] == mark, row
         assert row[header.index("title"):] == record.title, "each title starts in its column, after the longest id too"
     assert main(["pitfalls", "list", "missing-zero-grad"]) == 2
 

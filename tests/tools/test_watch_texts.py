@@ -42,13 +42,16 @@ def test_exit_status_counts_causes_only():
     assert Report(findings=[hint, cause]).exit_status == 1
     assert Report(findings=[cause], script_failed=True).exit_status == 2
     consequence = WatchFinding("learning-rate-too-high", "rose", since=5)
-    zero = WatchFinding("missing-zero-grad-training", "piled up", since=1)
+    zero = WatchFinding("missing-zero-grad-training", "piled up", since=1, explains_from=4)
     marked = mark_consequences([consequence, zero], EXPLAINS)
     assert [f.kind for f in marked] == ["cause", "consequence"] and consequence.consequence_of == zero.pitfall
     assert Report(findings=marked).causes == [zero]
-    late = WatchFinding("missing-zero-grad", "piled up later", since=9)
+    late = WatchFinding("missing-zero-grad", "piled up later", since=1, explains_from=9)
     assert mark_consequences([WatchFinding("learning-rate-too-high", "rose", since=5), late], EXPLAINS)[1].kind \
-        == "cause"                                  # a cause that began after the symptom does not explain it
+        == "cause"                                  # a pile that grew only after the symptom began does not explain it
+    small = WatchFinding("missing-zero-grad", "piled up, never grew 3x", since=1)
+    assert mark_consequences([WatchFinding("learning-rate-too-high", "rose", since=5), small], EXPLAINS)[1].kind \
+        == "cause"                                  # nothing measured that it explains the rise
 
 
 def test_the_exit_0_line_says_what_was_looked_for():
@@ -62,7 +65,8 @@ def test_the_exit_0_line_says_what_was_looked_for():
 
 def test_a_non_finite_loss_text_claims_only_the_forward_passes_checked():
     last = _finding(_run("buggy_lr_far_too_high.py", "--steps", "9"), "exploding-gradients-nan")
-    assert re.search(r"became (inf|nan) at step 9, from finite inputs after rising from 36.7 to", last.message)
+    assert re.search(r"became (inf|nan) at step 9, from finite inputs and targets after rising from 36.7 to",
+                     last.message)
     assert "module" not in last.message and last.evidence["forward passes checked"] == 0   # none ran after it
     later = _finding(_run("buggy_lr_far_too_high.py", "--steps", "20"), "exploding-gradients-nan")
     assert later.evidence["first non-finite module"] == "Sequential[2] (Linear)"
@@ -180,3 +184,148 @@ def test_a_step_that_raises_leaves_the_function_mode_as_it_was():
             model(torch.randn(4, 2)).sum().backward()
             Failing(model.parameters(), lr=0.1).step()
     assert len(_get_current_function_mode_stack()) == before
+
+
+# --- the review of every finding's text (each FALSE or MISLEADING row, the situation that made it so) ---------------
+
+def test_the_pile_text_says_what_clip_and_unscale_did_to_it():
+    unscaled = _finding(_run("buggy_no_zero_grad_scaler_unscale.py"), "missing-zero-grad-training")
+    assert "GradScaler.unscale_ divided all of it by the scale (last 256)" in unscaled.message
+    assert "sum of every gradient" not in unscaled.message
+    clipped = _finding(_run("buggy_no_zero_grad_with_clipping.py"), "missing-zero-grad-training")
+    assert "scaled down again by each clip_grad_norm_ that clipped it" in clipped.message
+    assert "sum of every gradient" not in clipped.message
+
+
+def test_a_running_total_of_retained_graphs_is_not_said_to_have_freed_them():
+    found = _finding(_run("buggy_running_total_retain_graph.py"), "running-loss-keeps-graph")
+    assert "keeps every one of those graphs alive, with the activations they saved (10 of them were backpropagated " \
+           "with retain_graph=True, which frees nothing)" in found.message
+    assert "freed the activations" not in found.message
+
+
+def test_a_validation_call_is_placed_after_the_last_step_not_at_the_next():
+    report = _run("real_double_softmax_validation.py")
+    found = _finding(report, "softmax-before-cross-entropy")
+    # its first validation pass runs after epoch 1's 32 steps (1024 samples, batches of 32), under no_grad
+    assert report.steps_observed == 64 and "cross_entropy after optimizer step 32 got" in found.message
+    assert "step 33" not in found.message
+
+
+def test_the_dataloader_is_named_only_when_it_fed_the_training_batches():
+    slices = _finding(_run("buggy_sorted_slices_after_val_loader.py"), "shuffle-off-for-training")
+    assert "DataLoader" not in slices.message and slices.message.endswith("the training data comes one class at a time")
+    loader = _finding(_run("buggy_sorted_and_lr_too_high.py"), "shuffle-off-for-training")
+    assert loader.message.endswith("(its DataLoader has shuffle=False)")
+
+
+def test_the_at_chance_hint_counts_optimizer_steps_not_loss_calls():
+    report = _run("buggy_labels_permuted_accumulated.py")
+    hint = _finding(report, "shuffled-labels")
+    assert report.steps_observed == 100 and hint.kind == "hint"
+    assert hint.message.startswith("after 100 optimizer steps (400 cross-entropy calls) the training cross-entropy")
+    assert "labels do not belong to their inputs" in hint.message and "has not learned the task yet" in hint.message
+
+
+def test_a_nan_late_in_the_run_is_found_and_no_figure_reads_nan_percent():
+    report = _run("buggy_nan_input_after_400_forwards.py")
+    assert report.pitfalls == ["nan-from-a-poisoned-sample"], str(report)
+    assert report.findings[0].message == ("the input batch of Sequential after optimizer step 150 held 1 NaN/inf "
+                                          "value(s)")
+    assert "nan%" not in str(report)
+
+
+def test_the_weights_moved_figure_is_measured_at_the_last_watched_step():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))     # every tensor <= 512 values: exact
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    start = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    g = torch.Generator().manual_seed(0)
+    with watch(steps=60) as report:
+        for step in range(200):
+            X, y = torch.randn(64, 8, generator=g), torch.randint(0, 4, (64,), generator=g)   # labels unrelated
+            loss = F.cross_entropy(model(X), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step + 1 == 60:
+                now = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                at_60 = float((now - start).norm() / start.norm())
+    end = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert float((end - start).norm() / start.norm()) > 1.2 * at_60          # it moved on after the watched steps
+    hint = _finding(report, "shuffled-labels")
+    assert hint.evidence["weights moved (relative)"] == pytest.approx(at_60, rel=1e-4)
+    assert f"changed the weights by {at_60:.0%} of their norm" in hint.message
+
+
+def test_a_nan_target_is_a_poisoned_sample_not_an_explosion():
+    report = _run("buggy_nan_regression_target.py")
+    assert report.pitfalls == ["nan-from-a-poisoned-sample"], str(report)
+    assert report.findings[0].message == "the target of mse_loss after optimizer step 19 held 1 NaN/inf value(s)"
+
+
+def test_a_non_finite_loss_says_it_rose_only_when_it_did():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    X, y = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    finite = []
+    with watch() as report:
+        for step in range(12):
+            loss = F.cross_entropy(model(X), y) * (float("inf") if step == 11 else 1.0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            finite.append(loss.item())
+    assert finite[10] < finite[0]                                        # it fell, then became inf
+    found = _finding(report, "exploding-gradients-nan")
+    assert "rising" not in found.message and f"(its last finite value was {finite[10]:.3g})" in found.message
+
+
+def test_a_model_with_no_weights_of_its_own_is_not_said_to_hold_non_finite_ones():
+    found = _finding(_run("buggy_exp_overflow_custom_model.py"), "exploding-gradients-nan")
+    assert found.message.endswith("the first module whose output was non-finite was Net (Net) (it has no "
+                                  "parameters of its own; no module that returned before it in that pass gave a "
+                                  "non-finite tensor)")
+    two = _finding(_run("buggy_lr_two_modules.py"), "exploding-gradients-nan")       # an activation is no sample
+    assert "input batch" not in two.message
+
+
+def test_a_rising_loss_states_its_figures_not_that_each_update_made_it_worse():
+    found = _finding(_run("buggy_adam_lr_far_too_high.py"), "learning-rate-too-high")
+    first, last = found.evidence["first loss"], found.evidence["last 5 steps"]
+    assert found.message.endswith(f"still {last:.3g} over its last 5 steps, {last / first:.3g}x where it started")
+    assert "each update" not in found.message
+
+
+def test_a_pass_after_the_watched_steps_is_placed_after_the_step_it_followed():
+    torch.manual_seed(0)
+    X, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with watch(steps=5) as report:
+        for step in range(30):
+            loss = F.cross_entropy(model(X[:64]), y[:64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():                                           # an evaluation without model.eval()
+            model(X[64:])
+    found = _finding(report, "eval-without-eval-mode")
+    assert report.steps_observed == 5 and found.evidence["after steps"] == [30]
+    assert "after step(s) 30;" in found.message and "after step(s) 5" not in found.message
+
+
+def test_a_sign_is_marked_a_consequence_only_where_the_figures_say_so():
+    both = _run("buggy_sorted_and_lr_too_high.py")
+    assert [(f.pitfall, f.kind) for f in both.findings] == [("shuffle-off-for-training", "cause"),
+                                                            ("learning-rate-too-high", "hint")], str(both)
+    assert _finding(both, "learning-rate-too-high").message.endswith(
+        "(shuffle-off-for-training, found above, can do this too, and nothing here measured which one did)")
+    control = _run("buggy_sorted_and_lr_too_high.py", "--shuffled")
+    assert control.pitfalls == ["learning-rate-too-high"]                     # it rises with shuffled data too
+    intern = _run("buggy_intern_no_zero_grad_no_eval.py")
+    cause, rise = _finding(intern, "missing-zero-grad-training"), _finding(intern, "learning-rate-too-high")
+    grown = cause.evidence["grad norm >= 3x its first at step"]
+    assert rise.consequence_of == cause.pitfall and grown is not None and grown <= rise.since
+    assert f"the piled-up gradient norm was >= 3x its first from step {grown}" in str(intern)
