@@ -26,10 +26,10 @@ CLINIC: tuple[ClinicRow, ...] = (
               "torch.autograd.set_detect_anomaly(True) names the backward op that made a NaN",
               ("nan-from-a-poisoned-sample", "nan-from-init-scale", "exploding-gradients-nan")),
     ClinicRow("loss shoots up by orders of magnitude and stays there",
-              "a learning rate far too high (the loss often stays finite: a ruined model that keeps printing "
-              "numbers, as chapter 4's learning-rate-too-high shows); with SGD's weight_decay or AdamW's, lr times "
-              "weight decay above 2 multiplies every weight by less than -1 each step, so the weights flip sign "
-              "and grow",
+              "a learning rate far too high (the loss can stay finite, with or without BatchNorm: a ruined model "
+              "that keeps printing numbers, as chapter 4's learning-rate-too-high shows); with SGD's "
+              "weight_decay or AdamW's, lr times weight decay above 2 multiplies every weight by less than -1 "
+              "each step, so the weights flip sign and grow",
               "lower the lr 10x; lr_range_test; log the loss every few steps, not once per epoch",
               ("learning-rate-too-high",)),
     ClinicRow("loss does not go down",
