@@ -127,15 +127,6 @@ def test_thread_report_says_why_it_was_skipped(monkeypatch):
                                "RuntimeError: pinning needs Linux; this is darwin"]
 
 
-def test_make_lab_starts_jupyterlab_with_the_passive_wait_policy_unless_one_is_set():
-    from notebook_rules import ROOT
-
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "\nOMP_WAIT_POLICY ?= PASSIVE\n" in makefile                       # ?=: a policy already set wins
-    lab = makefile.split("\nlab:", 1)[1].split("\n\n", 1)[0]
-    assert "env OMP_WAIT_POLICY=$(OMP_WAIT_POLICY) $(VENV)/bin/jupyter lab" in lab
-
-
 linux_with_two_cores = pytest.mark.skipif(thread_pool.one_core_pinning_unavailable() is not None,
                                           reason=str(thread_pool.one_core_pinning_unavailable()))
 
