@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ptlab import compiling
 from ptlab.amp import bf16_matmul_kind
-from ptlab.compiling import quiet_compile_logs
 from ptlab.core import choose_device
 from ptlab.data import DATASET_FILE, verify_dataset
 from ptlab.speed_ladder import speed_ladder
@@ -136,7 +136,7 @@ INDUCTOR_BUILD = "torch.compile build"
 CHAPTER_8_THREADS = 1
 _FIRST_COMPILE = f"""
 import time, torch
-from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+from {compiling.__name__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
 use_inductor_cache_per_cpu_capability()
 torch.set_num_threads({CHAPTER_8_THREADS})
 start = time.perf_counter()
@@ -149,7 +149,7 @@ print(f"{{time.perf_counter() - start:.1f}}")
 # (fewer steps), so its graphs are cached.
 _LADDER_WARMUP = f"""
 import time, torch
-from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+from {compiling.__name__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
 use_inductor_cache_per_cpu_capability()
 from {speed_ladder.__module__} import speed_ladder
 start = time.perf_counter()
