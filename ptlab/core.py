@@ -1,11 +1,12 @@
 """Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a
-child Python."""
+child Python; a file written atomically."""
 from __future__ import annotations
 
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -77,3 +78,24 @@ def env_importing_this_ptlab(env: dict[str, str] | None = None) -> dict[str, str
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([PTLAB_ROOT, *paths])
     return env
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Call write(handle) on a temporary file beside `path`, flush it to disk, then rename it over `path`.
+
+    A reader sees the old file or the whole new one, never a part: the rename is the only step that changes
+    `path`, and a rename within one folder is atomic. The temporary file is `.<name>.<pid>.tmp`; it is removed
+    when write raises (a killed writer leaves it). Creates the folder; returns `path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

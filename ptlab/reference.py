@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import data
+from .core import atomic_write
 from .data import CLASSES, augment_batch, normalize_uint8, uint8_split
 from .loop import model_device
 from .models import SmallCNN
@@ -144,10 +145,8 @@ def build_weights() -> dict:
 def rebuild_weights(path: str | Path | None = None) -> Path:
     """Train the weights again and write them atomically to path (default: the weights file); returns the path."""
     path = Path(path) if path is not None else weights_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(build_weights(), tmp)
-    tmp.replace(path)
+    weights = build_weights()
+    atomic_write(path, lambda handle: torch.save(weights, handle))
     _load.cache_clear()
     return path
 
