@@ -1,12 +1,13 @@
 """Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a
-child Python; a file written atomically."""
+child Python; random state kept across a block; a file written atomically."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -65,6 +66,24 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
 
+
+
+@contextlib.contextmanager
+def kept_random_state(devices: Iterable[torch.device | str] = (),
+                      generators: Iterable[torch.Generator] = ()) -> Iterator[None]:
+    """Restore on exit torch's CPU generator, the generators of those `devices` that are of this machine's
+    accelerator type (CUDA, MPS, ...), and each generator in `generators`."""
+    accelerator = torch.accelerator.current_accelerator()
+    kind = accelerator.type if accelerator is not None else "cuda"
+    indices = sorted({d.index if d.index is not None else torch.accelerator.current_device_index()
+                      for d in map(torch.device, devices) if d.type == kind})
+    states = [(g, g.get_state()) for g in generators]
+    with torch.random.fork_rng(devices=indices, device_type=kind):
+        try:
+            yield
+        finally:
+            for g, state in states:
+                g.set_state(state)
 
 # The folder holding this ptlab package (a checkout's root, or site-packages).
 PTLAB_ROOT = str(Path(__file__).resolve().parents[1])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._graph_cuts import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
 from .claims import measured
+from .core import kept_random_state
 from .loop import model_device, to_device
 from .memory import SavedTensors, saved_tensor_bytes, storage_key  # noqa: F401  (their old import path)
 
@@ -236,16 +237,6 @@ def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
     return loss, watcher
 
 
-def cuda_device_indices(devices: Iterable[torch.device]) -> list[int]:
-    """The sorted CUDA device indices among `devices` (a bare 'cuda' counts as the current device)."""
-    found = set()
-    for device in devices:
-        device = torch.device(device)
-        if device.type == "cuda":
-            found.add(device.index if device.index is not None else torch.cuda.current_device())
-    return sorted(found)
-
-
 def _devices_in_use(model: nn.Module, batch: Any) -> list[torch.device]:
     tensors = [*model.parameters(), *model.buffers(),
                *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))]
@@ -297,7 +288,7 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     try:
         # Dropout and the like draw random numbers: restore the generator of every device in use.
-        with torch.random.fork_rng(devices=cuda_device_indices(_devices_in_use(model, batch))):
+        with kept_random_state(_devices_in_use(model, batch)):
             loss, watcher = _run_forward(model, batch, loss_fn, extra)
         return _fill_report(report, model, loss, watcher, hidden, vanishing, allow_frozen, optimizer)
     finally:
