@@ -21,8 +21,7 @@ def test_chapter_6_registers_the_amp_pitfalls():
 def test_gradscaler_default_device_rerun_without_cuda_matches_the_run_here():
     """The branch a GPU machine takes: the reproduction rerun in a child Python with CUDA hidden gives the
     run of a CPU-only machine (here, this process's own run)."""
-    from ptlab.lessons.ch06_amp.fixtures import _rerun_without_cuda
-    from ptlab.lessons.ch06_amp.pitfalls import gradscaler_default_device
+    from ptlab.lessons.ch06_amp.pitfalls import _rerun_without_cuda, gradscaler_default_device
 
     child = _rerun_without_cuda(gradscaler_default_device, buggy=True)
     assert child.figures["CUDA available where it ran"] is False and child.figures["scaler._device"] == "cuda"
