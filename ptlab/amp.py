@@ -17,8 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .claims import measured
-from .data import to_float_tensors
-from .models import SmallCNN
 from .timing import matmul_flops, torch_threads
 
 
@@ -281,38 +279,6 @@ def bf16_matmul_kind(peaks: dict[str, float] | None = None, measure: bool = True
 def native_bf16() -> bool:
     """Whether torch runs bf16 matmuls natively here (bf16_matmul_kind(measure=False).kind == "native")."""
     return bf16_matmul_kind(measure=False).kind == "native"
-
-
-def speed_report(width: int = 24) -> str:
-    """The speed table `make bench` prints for the chapter-4 SmallCNN: images per CPU-second in each of VARIANTS,
-    the ratio to float32 and the fraction of each dtype's measured matmul peak, all on one thread (see
-    ptlab.amp.speed_comparison), under a line that says which bf16 kernels ran (bf16_matmul_kind).
-
-    A few seconds (fewer batches where torch falls back to its own bf16 kernels). Any failure gives one
-    'skipped' line instead: the notebooks' verdicts above stand either way.
-    """
-    try:
-        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
-        bf16 = bf16_matmul_kind(peaks)
-        n_batches, batch_size = (3, 32) if bf16.kind == "fallback" else (5, 64)  # the first batch warms up, untimed
-        X, y = to_float_tensors(train=True)                      # (N, 3, 32, 32), (N,)
-        batches = [(X[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
-                   for i in range(n_batches)]
-
-        def make_model() -> torch.nn.Module:
-            torch.manual_seed(0)
-            return SmallCNN(width=width)
-
-        speeds = speed_comparison(make_model, batches)
-        fractions = peak_fractions(speeds, training_step_flops(make_model()), peaks)
-    except Exception as err:  # the table is information, not a verdict: say why it is missing
-        return f"mixed-precision speed table skipped: {type(err).__name__}: {err}"
-    peak_text = ", ".join(f"{name} {flops / 1e9:.3g}" for name, flops in peaks.items())
-    return "\n".join([
-        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread; "
-        f"{bf16.kind} bf16 kernels: {bf16.reason}",
-        f"matmul peak, GFLOP per CPU-second: {peak_text}",
-        format_speed_table(speeds, fractions=fractions)])
 
 
 def _device_available(device: torch.device) -> bool:

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .core import atomic_write
+
 FORMAT = "ptlab-checkpoint-1"
 
 
@@ -56,17 +58,7 @@ def atomic_save(obj: Any, path: str | Path) -> Path:
     a writer leaves, `.<name>.<pid>.tmp`, is removed by the next save to `path` once no process `pid`
     runs (POSIX; on Windows it stays: there this code cannot safely ask whether a process runs).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    path = atomic_write(path, lambda handle: torch.save(obj, handle))
     if hasattr(os, "O_DIRECTORY"):  # make the rename itself durable (POSIX)
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:

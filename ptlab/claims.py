@@ -168,11 +168,3 @@ def claim_measured(what: str, value: float | int | bool | str, bound: str) -> No
         raise ClaimFailed(f"claim does not hold on this machine: {check.line()}")
     print(f"✔ {check.line()}")
 
-
-def claim_checks(checks: list[Check], label: str = "") -> None:
-    """Assert that every check holds, printing one ✔ line each (prefixed with `label`)."""
-    prefix = f"{label}: " if label else ""
-    for check in checks:
-        if not check.holds:
-            raise ClaimFailed(f"claim does not hold on this machine: {prefix}{check.line()}")
-        print(f"✔ {prefix}{check.line()}")

@@ -12,11 +12,10 @@ the suggestion is a starting point for a schedule's peak, not a tuned value.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -24,6 +23,7 @@ from torch.nn.parameter import is_lazy
 
 from ptlab.claims import measured
 
+from .core import kept_random_state
 from .loop import model_device, to_device
 from .plots import notebook_figure
 
@@ -62,21 +62,6 @@ def _count(value: Any) -> tuple[int, int]:
     parts = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
     counts = [_count(v) for v in parts]
     return sum(c[0] for c in counts), sum(c[1] for c in counts)
-
-
-@contextlib.contextmanager
-def _random_kept(tensors: Iterable[torch.Tensor], generators: Iterable[torch.Generator] = ()) -> Iterator[None]:
-    """Restore on exit torch's global generators (CPU, and the accelerators these tensors are on) and `generators`."""
-    accelerator = torch.accelerator.current_accelerator()
-    kind = accelerator.type if accelerator is not None else "cuda"
-    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == kind})
-    states = [(g, g.get_state()) for g in generators]
-    with torch.random.fork_rng(devices=devices, device_type=kind):
-        try:
-            yield
-        finally:
-            for g, state in states:
-                g.set_state(state)
 
 
 def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
@@ -119,7 +104,7 @@ def first_nonfinite(model: nn.Module, X: torch.Tensor) -> NonFinite | None:
     handles += [m.register_forward_hook(leaving(n)) for n, m in modules]
     buffers = [(b, b.clone()) for b in model.buffers() if not is_lazy(b)]  # a train-mode pass updates BatchNorm's
     try:
-        with torch.no_grad(), _random_kept([X, *model.parameters()]):
+        with torch.no_grad(), kept_random_state(t.device for t in [X, *model.parameters()]):
             model(X)
     finally:
         for h in handles:
@@ -206,7 +191,7 @@ def lr_range_test(model: nn.Module, loader: Iterable, make_optimizer: Callable[.
     device = model_device(twin)
     growth = (end_lr / start_lr) ** (1 / (steps - 1))
     result, average = LRRangeResult(), 0.0
-    with _random_kept(twin.parameters(), _loader_generators(loader)):
+    with kept_random_state((p.device for p in twin.parameters()), _loader_generators(loader)):
         batches = iter(loader)
         for step in range(steps):
             try:

@@ -1,11 +1,13 @@
 """Device choice and seeding: set once, in plain view, at the top of every notebook; the environment for a
-child Python."""
+child Python; random state kept across a block; a file written atomically."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -65,6 +67,24 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.benchmark = False
 
 
+
+@contextlib.contextmanager
+def kept_random_state(devices: Iterable[torch.device | str] = (),
+                      generators: Iterable[torch.Generator] = ()) -> Iterator[None]:
+    """Restore on exit torch's CPU generator, the generators of those `devices` that are of this machine's
+    accelerator type (CUDA, MPS, ...), and each generator in `generators`."""
+    accelerator = torch.accelerator.current_accelerator()
+    kind = accelerator.type if accelerator is not None else "cuda"
+    indices = sorted({d.index if d.index is not None else torch.accelerator.current_device_index()
+                      for d in map(torch.device, devices) if d.type == kind})
+    states = [(g, g.get_state()) for g in generators]
+    with torch.random.fork_rng(devices=indices, device_type=kind):
+        try:
+            yield
+        finally:
+            for g, state in states:
+                g.set_state(state)
+
 # The folder holding this ptlab package (a checkout's root, or site-packages).
 PTLAB_ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -77,3 +97,24 @@ def env_importing_this_ptlab(env: dict[str, str] | None = None) -> dict[str, str
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([PTLAB_ROOT, *paths])
     return env
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Call write(handle) on a temporary file beside `path`, flush it to disk, then rename it over `path`.
+
+    A reader sees the old file or the whole new one, never a part: the rename is the only step that changes
+    `path`, and a rename within one folder is atomic. The temporary file is `.<name>.<pid>.tmp`; it is removed
+    when write raises (a killed writer leaves it). Creates the folder; returns `path`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -12,11 +12,13 @@ import hashlib
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from .core import atomic_write
 
 CLASSES: tuple[str, ...] = (
     "arrow_up", "arrow_down", "circle", "ring", "square",
@@ -195,9 +197,9 @@ def generate_dataset(seed: int = 0, n_train: int = 8000, n_test: int = 2000) -> 
             "test_images": test_images, "test_labels": test_labels}
 
 
-def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def _write_npz(file: BinaryIO, arrays: dict[str, np.ndarray]) -> None:
     """np.savez_compressed, but byte-for-byte reproducible: fixed timestamps and attributes in the zip."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+    with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for key, array in arrays.items():
             info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -210,11 +212,8 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def rebuild_dataset(path: str | Path | None = None) -> str:
     """Regenerate the dataset file from seed 0 and return its sha256 (equal to DATASET_SHA256)."""
     path = Path(path) if path is not None else DATASET_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays = generate_dataset(seed=0)
-    tmp = path.with_name(path.name + ".tmp")
-    _write_npz(tmp, arrays)
-    tmp.replace(path)
+    atomic_write(path, lambda handle: _write_npz(handle, arrays))
     _load_file.cache_clear()
     uint8_split.cache_clear()
     return _sha256(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._graph_cuts import LEAVE_GRAPH, CutEvent, ForwardWatcher, module_label, upstream_leaves
 from .claims import measured
+from .core import kept_random_state
 from .loop import model_device, to_device
 from .memory import SavedTensors, saved_tensor_bytes, storage_key  # noqa: F401  (their old import path)
 
@@ -53,7 +54,7 @@ _LOSS_FN = "(loss_fn)"
 
 
 @dataclass(frozen=True)
-class Finding:
+class GradientFinding:
     """One parameter with a problem: its name, owning module, the cause and a readable detail."""
 
     parameter: str
@@ -71,11 +72,11 @@ class GradientReport:
     """What diagnose_gradients found; print it for a table, use .healthy in assertions."""
 
     parameters: list[str]
-    missing: list[Finding] = field(default_factory=list)
-    weak: list[Finding] = field(default_factory=list)
-    unregistered: list[Finding] = field(default_factory=list)
-    optimizer_gaps: list[Finding] = field(default_factory=list)
-    partial: list[Finding] = field(default_factory=list)
+    missing: list[GradientFinding] = field(default_factory=list)
+    weak: list[GradientFinding] = field(default_factory=list)
+    unregistered: list[GradientFinding] = field(default_factory=list)
+    optimizer_gaps: list[GradientFinding] = field(default_factory=list)
+    partial: list[GradientFinding] = field(default_factory=list)
     first_cut_module: str | None = None
     backward_error: str | None = None
     inplace_ops: list[str] = field(default_factory=list)
@@ -83,7 +84,7 @@ class GradientReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def findings(self) -> list[Finding]:
+    def findings(self) -> list[GradientFinding]:
         return [*self.unregistered, *self.missing, *self.partial, *self.weak, *self.optimizer_gaps]
 
     @property
@@ -116,7 +117,7 @@ class GradientReport:
             problems = len(self.findings) + (self.backward_error is not None)
             lines = [f"gradient flow: {problems} problem(s) among {n} parameters"]
         if self.findings:
-            width = max(len(f.parameter) for f in [*self.findings, Finding("parameter", "", "", "")]) + 2
+            width = max(len(f.parameter) for f in [*self.findings, GradientFinding("parameter", "", "", "")]) + 2
             cause_width = max(len(f.cause) for f in self.findings) + 2
             lines.append(f"  {'parameter':<{width}}{'cause':<{cause_width}}detail")
             lines += [f"  {f.parameter:<{width}}{f.cause:<{cause_width}}{f.detail}" for f in self.findings]
@@ -236,16 +237,6 @@ def _run_forward(model: nn.Module, batch: Any, loss_fn: Callable | None,
     return loss, watcher
 
 
-def cuda_device_indices(devices: Iterable[torch.device]) -> list[int]:
-    """The sorted CUDA device indices among `devices` (a bare 'cuda' counts as the current device)."""
-    found = set()
-    for device in devices:
-        device = torch.device(device)
-        if device.type == "cuda":
-            found.add(device.index if device.index is not None else torch.cuda.current_device())
-    return sorted(found)
-
-
 def _devices_in_use(model: nn.Module, batch: Any) -> list[torch.device]:
     tensors = [*model.parameters(), *model.buffers(),
                *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor))]
@@ -278,12 +269,12 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
         container = path.split("[", 1)[0] if "[" in path else path
         what = "a plain tensor attribute, not an nn.Parameter" if container == path \
             else f"in the plain container `{container}`"
-        report.unregistered.append(Finding(path, _owner_of_path(path), "unregistered", what))
+        report.unregistered.append(GradientFinding(path, _owner_of_path(path), "unregistered", what))
     for name, buffer in model.named_buffers():
         if buffer.requires_grad:
             report.parameters.append(name)
-            report.unregistered.append(Finding(name, _owner_of_path(name), "buffer",
-                                               "a buffer with requires_grad=True, not an nn.Parameter"))
+            report.unregistered.append(GradientFinding(name, _owner_of_path(name), "buffer",
+                                                      "a buffer with requires_grad=True, not an nn.Parameter"))
     report.stale = [n for n, p in named.items() if p.grad is not None and bool(p.grad.any())]
 
     if loss is not None:
@@ -297,7 +288,7 @@ def diagnose_gradients(model: nn.Module, loss: torch.Tensor | None = None, batch
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     try:
         # Dropout and the like draw random numbers: restore the generator of every device in use.
-        with torch.random.fork_rng(devices=cuda_device_indices(_devices_in_use(model, batch))):
+        with kept_random_state(_devices_in_use(model, batch)):
             loss, watcher = _run_forward(model, batch, loss_fn, extra)
         return _fill_report(report, model, loss, watcher, hidden, vanishing, allow_frozen, optimizer)
     finally:
@@ -339,7 +330,8 @@ def _fill_report(report: GradientReport, model: nn.Module, loss: torch.Tensor, w
     for name, p in named.items():
         if not p.requires_grad:
             if not allow_frozen:
-                report.missing.append(Finding(name, owner.get(id(p), "(model)"), "frozen", "requires_grad=False"))
+                report.missing.append(GradientFinding(name, owner.get(id(p), "(model)"), "frozen",
+                                                      "requires_grad=False"))
         elif grads[name] is None:
             report.missing.append(_explain_missing(name, owner.get(id(p), "(model)"), p, watcher, loss))
     if watcher is not None:
@@ -367,9 +359,9 @@ def _flag_partial_cuts(report: GradientReport, watcher: ForwardWatcher, loss: to
         for name, p in with_grad.items():
             if id(p) in leaves:
                 watcher.blamed.add(i)
-                report.partial.append(Finding(name, owner.get(id(p), "(model)"), "partial",
-                                              f"{_where(event)} cut one of its paths to the loss; its gradient "
-                                              "comes through the others only"))
+                report.partial.append(GradientFinding(name, owner.get(id(p), "(model)"), "partial",
+                                                     f"{_where(event)} cut one of its paths to the loss; its gradient "
+                                                     "comes through the others only"))
 
 
 def _flag_optimizer_gaps(report: GradientReport, optimizer: torch.optim.Optimizer,
@@ -379,10 +371,10 @@ def _flag_optimizer_gaps(report: GradientReport, optimizer: torch.optim.Optimize
     for name, p in with_grad.items():
         module = owner.get(id(p), "(model)")
         if id(p) not in lr_of:
-            report.optimizer_gaps.append(Finding(name, module, "not-in-optimizer",
-                                                 f"in none of the {len(optimizer.param_groups)} param group(s)"))
+            report.optimizer_gaps.append(GradientFinding(name, module, "not-in-optimizer",
+                                                        f"in none of the {len(optimizer.param_groups)} param group(s)"))
         elif lr_of[id(p)] == 0.0:
-            report.optimizer_gaps.append(Finding(name, module, "lr-zero", "its param group has lr 0"))
+            report.optimizer_gaps.append(GradientFinding(name, module, "lr-zero", "its param group has lr 0"))
 
 
 def _where(event: CutEvent) -> str:
@@ -391,10 +383,10 @@ def _where(event: CutEvent) -> str:
 
 
 def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: ForwardWatcher | None,
-                     loss: torch.Tensor) -> Finding:
+                     loss: torch.Tensor) -> GradientFinding:
     """Why a trainable, registered parameter got no gradient."""
     if watcher is None:
-        return Finding(name, module, "not-in-graph", "pass batch= to find where the graph was cut")
+        return GradientFinding(name, module, "not-in-graph", "pass batch= to find where the graph was cut")
     feeding_loss = watcher.taint.get(id(loss), set())
     upstream = [i for i, e in enumerate(watcher.events)
                 if any(id(p) in upstream_leaves(t) for t in e.graph_inputs)]
@@ -406,11 +398,11 @@ def _explain_missing(name: str, module: str, p: torch.Tensor, watcher: ForwardWa
         if event.kind in ("detach", "data") and onward:  # x.detach().numpy() -> torch.tensor(...)
             event = CutEvent(f"{event.op}().{onward[0].op}", "round-trip", event.module, event.graph_inputs)
         if event.kind == "custom-function":
-            return Finding(name, module, event.kind, f"the backward of {event.op} returns None for it")
-        return Finding(name, module, event.kind, _where(event))
+            return GradientFinding(name, module, event.kind, f"the backward of {event.op} returns None for it")
+        return GradientFinding(name, module, event.kind, _where(event))
     if id(p) not in watcher.used:
-        return Finding(name, module, "unused", f"{module} was never called, or this parameter never read")
-    return Finding(name, module, "output-unused", "its result is computed, then dropped before the loss")
+        return GradientFinding(name, module, "unused", f"{module} was never called, or this parameter never read")
+    return GradientFinding(name, module, "output-unused", "its result is computed, then dropped before the loss")
 
 
 def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], owner: dict[int, str],
@@ -422,12 +414,13 @@ def _flag_weak(report: GradientReport, grads: dict[str, torch.Tensor | None], ow
     for name, value in rms.items():
         module = owner.get(id(named[name]), "(model)")
         if not math.isfinite(value):
-            report.weak.append(Finding(name, module, "non-finite", "NaN or inf in the gradient"))
+            report.weak.append(GradientFinding(name, module, "non-finite", "NaN or inf in the gradient"))
         elif value == 0.0:
-            report.weak.append(Finding(name, module, "zero", "every element is 0 (dead ReLU, round(), sign(), x * 0?)"))
+            report.weak.append(GradientFinding(name, module, "zero",
+                                               "every element is 0 (dead ReLU, round(), sign(), x * 0?)"))
         elif value < vanishing * largest:
-            report.weak.append(Finding(name, module, "vanishing",
-                                       f"RMS {measured(value, 2)}, under {vanishing:g} x the largest "
-                                       f"({measured(largest, 2)})"))
+            report.weak.append(GradientFinding(name, module, "vanishing",
+                                              f"RMS {measured(value, 2)}, under {vanishing:g} x the largest "
+                                              f"({measured(largest, 2)})"))
 
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from .core import env_importing_this_ptlab
+from .core import atomic_write, env_importing_this_ptlab
 
 START_METHODS = ("forkserver", "spawn")
 _SIGKILL = getattr(signal, "SIGKILL", 9)     # Windows' signal module has no SIGKILL
@@ -170,18 +170,11 @@ def _check_importable(fn: Callable) -> None:
                          "file), not in a notebook or inside another function")
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write data to a temporary file beside path, then rename it over path: a reader sees all of it or nothing."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-    os.replace(temporary, path)
-
-
 def _write_error(folder: str, rank: int, message: str) -> None:
     """Record a rank's error as rank<N>.error: the time and the message's first line, cleaned."""
     line = clean_error(message.splitlines()[0])
-    _write_atomically(Path(folder, f"rank{rank}.error"), json.dumps({"time": time.time(), "line": line}).encode())
+    data = json.dumps({"time": time.time(), "line": line}).encode()
+    atomic_write(Path(folder, f"rank{rank}.error"), lambda handle: handle.write(data))
 
 
 def _read_error(path: Path) -> tuple[float, str] | None:
@@ -225,7 +218,7 @@ def _rank_main(local_rank: int, world_size: int, port: int, fn: Callable, kwargs
         _write_error(folder, local_rank, f"the return value of rank {local_rank} could not be pickled ({name}): "
                                          f"{type(err).__name__}: {err}")
         raise
-    _write_atomically(Path(folder, f"rank{local_rank}.pkl"), payload)
+    atomic_write(Path(folder, f"rank{local_rank}.pkl"), lambda handle: handle.write(payload))
     dist.destroy_process_group()
 
 

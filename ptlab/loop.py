@@ -37,7 +37,7 @@ def check_model(model: Any) -> None:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
 
 
-def check_loader(loader: Any, name: str) -> None:
+def require_batches(loader: Any, name: str) -> None:
     """TypeError unless loader is an iterable of batches; ValueError when it has a length of 0."""
     if isinstance(loader, (torch.Tensor, str, bytes)) or not isinstance(loader, Iterable):
         raise TypeError(f"{name} must be an iterable of (inputs, targets) batches such as a DataLoader, "

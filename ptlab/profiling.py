@@ -90,7 +90,8 @@ class ProfileReport:
             parts += ["operators by memory they allocated (every column: report.full_memory_table):",
                       self.peak_memory_table]
         if self.trace is not None:
-            parts.append(f"trace written to {_shown(self.trace)}: open it in https://ui.perfetto.dev or chrome://tracing")
+            parts.append(f"trace written to {_shown(self.trace)}: "
+                         "open it in https://ui.perfetto.dev or chrome://tracing")
         parts.append(self.verdict)
         return "\n".join(parts)
 

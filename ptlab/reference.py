@@ -22,8 +22,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import data
+from .core import atomic_write
 from .data import CLASSES, augment_batch, normalize_uint8, uint8_split
-from .loop import model_device
+from .loop import eval_mode, model_device
 from .models import SmallCNN
 
 WIDTH = 16           # a quarter of SmallCNN's default compute: reproductions take seconds, not minutes
@@ -73,16 +74,11 @@ def accuracy_on(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, ba
     if len(images) != len(labels) or len(labels) == 0:
         raise ValueError(f"images and labels must be non-empty and of the same length, "
                          f"got {len(images)} and {len(labels)}")
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
+    with eval_mode(model):
         device = model_device(model) or torch.device("cpu")
         correct = sum(int((model(normalize_uint8(images[i:i + batch_size]).to(device)).argmax(1).cpu()
                            == labels[i:i + batch_size].cpu()).sum())
                       for i in range(0, len(labels), batch_size))
-    finally:
-        for m, was_training in modes:
-            m.training = was_training
     return correct / len(labels)
 
 
@@ -144,10 +140,8 @@ def build_weights() -> dict:
 def rebuild_weights(path: str | Path | None = None) -> Path:
     """Train the weights again and write them atomically to path (default: the weights file); returns the path."""
     path = Path(path) if path is not None else weights_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(build_weights(), tmp)
-    tmp.replace(path)
+    weights = build_weights()
+    atomic_write(path, lambda handle: torch.save(weights, handle))
     _load.cache_clear()
     return path
 

@@ -7,14 +7,14 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from .loop import check_loader, check_model, eval_mode, resolve_device, unpack_batch
+from .loop import check_model, eval_mode, require_batches, resolve_device, unpack_batch
 
 
 def predict(model: nn.Module, loader: Iterable,
             device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Predicted labels and true labels (both (N,) int64, on the cpu) in eval mode under no_grad; modes restored."""
     check_model(model)
-    check_loader(loader, "loader")
+    require_batches(loader, "loader")
     device = resolve_device(model, device)
     predicted, targets = [], []
     with eval_mode(model), torch.no_grad():

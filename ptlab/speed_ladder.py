@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Subset
 
 from .amp import bf16_matmul_kind
 from .claims import measured, measured_seconds
-from .compiling import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+from .compiling import quiet_compile_logs
 from .data import EmbeddedImages, make_transform, normalize_uint8, uint8_split
 from .models import SmallCNN
 from .timing import torch_threads
@@ -259,18 +259,3 @@ def format_ladder(ladder: Ladder) -> str:
         notes.append(f"first step of the {len(compiled)} compiled rungs (compile + one step, wall time, not in the "
                      f"speeds): {measured_seconds(ladder.compile_seconds)}")
     return "\n".join([line.rstrip() for line in lines] + notes)
-
-
-def ladder_report(width: int = 16) -> str:
-    """The speed ladder `make bench` prints: SmallCNN(width) training steps on one thread, rung by rung.
-    Information, never a verdict: any failure gives one 'skipped' line instead. It gives Inductor's disk cache a
-    directory per CPU capability (ptlab.compiling.use_inductor_cache_per_cpu_capability) unless one is set."""
-    try:
-        use_inductor_cache_per_cpu_capability()
-        ladder = speed_ladder(width=width)
-    except Exception as err:  # the table is information: say why it is missing
-        return f"speed ladder skipped: {type(err).__name__}: {err}"
-    setup = ladder.rungs[0].setup
-    return "\n".join([f"Speed ladder (chapter 8): SmallCNN(width={width}) training steps with AdamW, batch "
-                      f"{setup.batch_size}, {ladder.threads} thread(s), images per CPU-second of this process, "
-                      f"fastest of {ladder.steps} steps per rung", format_ladder(ladder)])

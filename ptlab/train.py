@@ -14,7 +14,8 @@ from tqdm.auto import tqdm
 from tqdm.std import tqdm as std_tqdm   # every tqdm bar's class, the notebook's too
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .loop import check_loader, check_model, count_correct, eval_mode, resolve_device, train_mode, unpack_batch
+from .loop import (check_model, count_correct, eval_mode, require_batches, resolve_device, train_mode,
+                   unpack_batch)
 from .plots import notebook_figure, show_figure
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -89,7 +90,7 @@ def train_one_epoch(
     (read with `get_scale()`, a GPU sync; this needs the scaler's default backoff_factor < 1).
     """
     check_model(model)
-    check_loader(loader, "loader")
+    require_batches(loader, "loader")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
@@ -159,7 +160,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Mean loss and accuracy over loader with model.eval() and torch.no_grad(); the model's modes are restored."""
     check_model(model)
-    check_loader(loader, "loader")
+    require_batches(loader, "loader")
     loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
     device = resolve_device(model, device)
     total_loss, correct, seen = 0.0, 0, 0
@@ -264,8 +265,8 @@ def _check_fit_args(model, train_loader, val_loader, epochs, time_budget_s, sche
                     checkpoint_dir, resume, monitor, early_stopping) -> None:
     """fit's argument checks: a clear error naming the argument, before any epoch runs."""
     check_model(model)
-    check_loader(train_loader, "train_loader")
-    check_loader(val_loader, "val_loader")
+    require_batches(train_loader, "train_loader")
+    require_batches(val_loader, "val_loader")
     if epochs is None and time_budget_s is None:
         raise ValueError("give epochs, time_budget_s or both: fit needs to know when to stop")
     if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1):

@@ -6,11 +6,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ptlab.amp import speed_report
+import torch
+from torch import nn
+
+from ptlab.amp import bf16_matmul_kind, format_speed_table, peak_fractions, speed_comparison, training_step_flops
+from ptlab.compiling import use_inductor_cache_per_cpu_capability
 from ptlab.course.nbrun import BUDGETS, NotebookRun, budget_problems, notebook_paths, run_notebook
-from ptlab.speed_ladder import ladder_report
+from ptlab.data import to_float_tensors
+from ptlab.models import SmallCNN
+from ptlab.speed_ladder import format_ladder, speed_ladder
 from ptlab.thread_pool import start_busy_process, stop_busy_process, thread_report
-from ptlab.watch import overhead_line
+from ptlab.timing import compare, matmul_flops
+from ptlab.watch import watch
 
 # The busy mode's goal (issue 40): beside one busy process the whole course at most 1.5x as long as quiet,
 # and no cell over the cell budget.
@@ -56,8 +63,6 @@ def run_verdict(run: NotebookRun) -> str:
 
 def bench_table(runs: list[NotebookRun]) -> str:
     """The bench results as a fixed-width table, with the machine it ran on."""
-    import torch
-
     width = max([len(str(r.path)) for r in runs] + [8])
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
              f"CPU capability {torch.backends.cpu.get_cpu_capability()}",
@@ -72,8 +77,6 @@ def bench_table(runs: list[NotebookRun]) -> str:
 def bench_markdown(runs: list[NotebookRun]) -> str:
     """The bench results as the README's Markdown table."""
     import platform
-
-    import torch
 
     rows = [f"Measured by `make bench` on {platform.machine()}, {os.cpu_count()} CPUs, "
             f"{torch.backends.cpu.get_cpu_capability()} kernels, {torch.get_num_threads()} torch threads:", "",
@@ -130,8 +133,6 @@ def busy_over_quiet(pairs: list[tuple[NotebookRun, NotebookRun]]) -> float:
 
 
 def _machine_line() -> str:
-    import torch
-
     return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
             f"{torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} CPUs, OMP_WAIT_POLICY="
             f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; busy: one process spinning in pure Python")
@@ -159,3 +160,89 @@ def busy_markdown(pairs: list[tuple[NotebookRun, NotebookRun]]) -> str:
     rows.append(f"| **all** | **{sum(q.wall_s for q, _ in pairs):.1f}** | **{sum(b.wall_s for _, b in pairs):.1f}** "
                 f"| **{busy_over_quiet(pairs):.2f}x** | |")
     return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- the tools' speed tables, for make bench
+def speed_report(width: int = 24) -> str:
+    """The speed table `make bench` prints for the chapter-4 SmallCNN: images per CPU-second in each of VARIANTS,
+    the ratio to float32 and the fraction of each dtype's measured matmul peak, all on one thread (see
+    ptlab.amp.speed_comparison), under a line that says which bf16 kernels ran (bf16_matmul_kind).
+
+    A few seconds (fewer batches where torch falls back to its own bf16 kernels). Any failure gives one
+    'skipped' line instead: the notebooks' verdicts above stand either way.
+    """
+    try:
+        peaks = matmul_flops((torch.float32, torch.bfloat16), threads=1)   # speed_comparison's thread count
+        bf16 = bf16_matmul_kind(peaks)
+        n_batches, batch_size = (3, 32) if bf16.kind == "fallback" else (5, 64)  # the first batch warms up, untimed
+        X, y = to_float_tensors(train=True)                      # (N, 3, 32, 32), (N,)
+        batches = [(X[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
+                   for i in range(n_batches)]
+
+        def make_model() -> torch.nn.Module:
+            torch.manual_seed(0)
+            return SmallCNN(width=width)
+
+        speeds = speed_comparison(make_model, batches)
+        fractions = peak_fractions(speeds, training_step_flops(make_model()), peaks)
+    except Exception as err:  # the table is information, not a verdict: say why it is missing
+        return f"mixed-precision speed table skipped: {type(err).__name__}: {err}"
+    peak_text = ", ".join(f"{name} {flops / 1e9:.3g}" for name, flops in peaks.items())
+    return "\n".join([
+        f"Mixed precision (chapter 6): SmallCNN(width={width}) training steps, batch {batch_size}, one thread; "
+        f"{bf16.kind} bf16 kernels: {bf16.reason}",
+        f"matmul peak, GFLOP per CPU-second: {peak_text}",
+        format_speed_table(speeds, fractions=fractions)])
+
+
+def ladder_report(width: int = 16) -> str:
+    """The speed ladder `make bench` prints: SmallCNN(width) training steps on one thread, rung by rung.
+    Information, never a verdict: any failure gives one 'skipped' line instead. It gives Inductor's disk cache a
+    directory per CPU capability (ptlab.compiling.use_inductor_cache_per_cpu_capability) unless one is set."""
+    try:
+        use_inductor_cache_per_cpu_capability()
+        ladder = speed_ladder(width=width)
+    except Exception as err:  # the table is information: say why it is missing
+        return f"speed ladder skipped: {type(err).__name__}: {err}"
+    setup = ladder.rungs[0].setup
+    return "\n".join([f"Speed ladder (chapter 8): SmallCNN(width={width}) training steps with AdamW, batch "
+                      f"{setup.batch_size}, {ladder.threads} thread(s), images per CPU-second of this process, "
+                      f"fastest of {ladder.steps} steps per rung", format_ladder(ladder)])
+
+
+def measure_overhead(steps: int = 20, batch_size: int = 64, repeats: int = 5) -> dict[str, float]:
+    """Chapter 4's SmallCNN training step with and without the watch, side by side: seconds per step (the fastest
+    of `repeats` interleaved runs of `steps` steps each) and the overhead."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(batch_size, 3, 32, 32, generator=generator)
+    y = torch.randint(0, 10, (batch_size,), generator=generator)
+    model = SmallCNN(width=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train_steps() -> None:
+        for _ in range(steps):
+            loss = nn.functional.cross_entropy(model(X), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    def watched() -> None:
+        with watch(steps=10 * steps):
+            train_steps()
+
+    result = compare(train_steps, watched, warmup=1, repeats=repeats, names=("plain", "watched"))
+    # the fastest repeat of each, timed interleaved: another process on a busy machine only ever adds time
+    plain, with_watch = min(result.a.seconds) / steps, min(result.b.seconds) / steps
+    return {"plain s/step": plain, "watched s/step": with_watch, "overhead": with_watch / plain - 1}
+
+
+OVERHEAD_BUDGET = 0.25
+
+
+def overhead_line() -> tuple[str, bool]:
+    """make bench's line: the watch's overhead on chapter 4's SmallCNN step, and whether it is within budget."""
+    figures = measure_overhead()
+    within = figures["overhead"] <= OVERHEAD_BUDGET
+    return (f"ptlab watch on a SmallCNN training step (batch 64): {figures['plain s/step'] * 1e3:.1f} ms plain, "
+            f"{figures['watched s/step'] * 1e3:.1f} ms watched, overhead {figures['overhead']:+.0%} "
+            f"(budget {OVERHEAD_BUDGET:.0%})"), within

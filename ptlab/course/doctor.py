@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ptlab import compiling
 from ptlab.amp import bf16_matmul_kind
-from ptlab.compiling import quiet_compile_logs
 from ptlab.core import choose_device
 from ptlab.data import DATASET_FILE, verify_dataset
 from ptlab.speed_ladder import speed_ladder
@@ -31,7 +31,7 @@ def pinned_versions(lock: Path = LOCK_FILE) -> dict[str, str]:
 
 
 @dataclass
-class Check:
+class ReadinessCheck:
     """One line of the report: what, the finding, and whether the course can go on without it."""
 
     name: str
@@ -48,26 +48,26 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _version_check(package: str, fix: str) -> Check:
+def _version_check(package: str, fix: str) -> ReadinessCheck:
     found = _version(package)
     pinned = pinned_versions().get(package)
     if found is None:
-        return Check(package, "not installed", ok=False, fix=fix)
+        return ReadinessCheck(package, "not installed", ok=False, fix=fix)
     if pinned and found.split("+")[0] != pinned:
-        return Check(package, f"{found} (the course's outputs were made with {pinned})", ok=False, fix=fix)
-    return Check(package, found)
+        return ReadinessCheck(package, f"{found} (the course's outputs were made with {pinned})", ok=False, fix=fix)
+    return ReadinessCheck(package, found)
 
 
-def _bf16_autocast(device: torch.device) -> Check:
+def _bf16_autocast(device: torch.device) -> ReadinessCheck:
     try:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             out = torch.ones(4, 4, device=device) @ torch.ones(4, 4, device=device)
         ok = out.dtype == torch.bfloat16
-        return Check("bf16 autocast", f"works on {device.type}" if ok else f"gives {out.dtype}",
-                     ok=ok, required=False, fix="chapter 6 (mixed precision) then compares float32 only")
+        return ReadinessCheck("bf16 autocast", f"works on {device.type}" if ok else f"gives {out.dtype}",
+                              ok=ok, required=False, fix="chapter 6 (mixed precision) then compares float32 only")
     except Exception as err:
-        return Check("bf16 autocast", f"unavailable on {device.type}: {type(err).__name__}", ok=False,
-                     required=False, fix="chapter 6 (mixed precision) then compares float32 only")
+        return ReadinessCheck("bf16 autocast", f"unavailable on {device.type}: {type(err).__name__}", ok=False,
+                              required=False, fix="chapter 6 (mixed precision) then compares float32 only")
 
 
 _BF16_CONSEQUENCE = {"native": "bf16 autocast can speed training up here",
@@ -75,19 +75,20 @@ _BF16_CONSEQUENCE = {"native": "bf16 autocast can speed training up here",
                      "fallback": "bf16 autocast is many times slower than float32 here"}
 
 
-def _cpu_instructions() -> Check:
+def _cpu_instructions() -> ReadinessCheck:
     """ATen's kernels, and which bf16 kernels torch runs (ptlab.amp.bf16_matmul_kind, measured once)."""
     capability = torch.backends.cpu.get_cpu_capability()
     try:
         bf16 = bf16_matmul_kind()
     except Exception as err:  # the measurement is information: say why it is missing
-        return Check("CPU instructions", f"{capability} kernels; bf16 kernels not measured: {type(err).__name__}: "
-                                         f"{err}", ok=False, required=False)
+        return ReadinessCheck("CPU instructions",
+                              f"{capability} kernels; bf16 kernels not measured: {type(err).__name__}: {err}",
+                              ok=False, required=False)
     finding = (f"{capability} kernels; {bf16.kind} bf16 kernels: {_BF16_CONSEQUENCE[bf16.kind]}. Why: {bf16.reason}. "
                f"Measured bf16/float32 matmul peak: {bf16.peak_ratio:.2g}x")
-    return Check("CPU instructions", finding, ok=bool(bf16.agrees), required=False,
-                 fix=f"chapter 6 expects a ratio {bf16.expected} for {bf16.kind} kernels: rerun make doctor on an idle "
-                     "machine; if it persists, report this line (a course bug)")
+    return ReadinessCheck("CPU instructions", finding, ok=bool(bf16.agrees), required=False,
+                          fix=f"chapter 6 expects a ratio {bf16.expected} for {bf16.kind} kernels: rerun make doctor "
+                              "on an idle machine; if it persists, report this line (a course bug)")
 
 
 INDUCTOR_COMPILER = "C++ compiler (torch.compile on CPU)"
@@ -106,7 +107,7 @@ def _inductor_cxx() -> str:
     return os.environ.get("CXX", default) or default
 
 
-def inductor_compiler_check() -> Check:
+def inductor_compiler_check() -> ReadinessCheck:
     """Whether the C++ compiler Inductor, torch.compile's default backend, will use is found and runs."""
     import shlex
     import subprocess
@@ -115,17 +116,17 @@ def inductor_compiler_check() -> Check:
     words = shlex.split(command) if sys.platform != "win32" else [command]
     found = shutil.which(words[0]) if words else None
     if found is None:
-        return Check(INDUCTOR_COMPILER, f"not found: Inductor runs {command!r} ($CXX, else that default)",
-                     ok=False, required=False, fix=_COMPILER_FIX)
+        return ReadinessCheck(INDUCTOR_COMPILER, f"not found: Inductor runs {command!r} ($CXX, else that default)",
+                              ok=False, required=False, fix=_COMPILER_FIX)
     name = os.path.basename(found)
     if sys.platform == "win32":
-        return Check(INDUCTOR_COMPILER, name)
+        return ReadinessCheck(INDUCTOR_COMPILER, name)
     try:
         subprocess.run([found, *words[1:], "--version"], capture_output=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError) as err:
-        return Check(INDUCTOR_COMPILER, f"{name} found but does not run ({type(err).__name__})", ok=False,
-                     required=False, fix=_COMPILER_FIX)
-    return Check(INDUCTOR_COMPILER, name)
+        return ReadinessCheck(INDUCTOR_COMPILER, f"{name} found but does not run ({type(err).__name__})", ok=False,
+                              required=False, fix=_COMPILER_FIX)
+    return ReadinessCheck(INDUCTOR_COMPILER, name)
 
 
 INDUCTOR_BUILD = "torch.compile build"
@@ -136,7 +137,7 @@ INDUCTOR_BUILD = "torch.compile build"
 CHAPTER_8_THREADS = 1
 _FIRST_COMPILE = f"""
 import time, torch
-from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+from {compiling.__name__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
 use_inductor_cache_per_cpu_capability()
 torch.set_num_threads({CHAPTER_8_THREADS})
 start = time.perf_counter()
@@ -149,7 +150,7 @@ print(f"{{time.perf_counter() - start:.1f}}")
 # (fewer steps), so its graphs are cached.
 _LADDER_WARMUP = f"""
 import time, torch
-from {quiet_compile_logs.__module__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
+from {compiling.__name__} import quiet_compile_logs, use_inductor_cache_per_cpu_capability
 use_inductor_cache_per_cpu_capability()
 from {speed_ladder.__module__} import speed_ladder
 start = time.perf_counter()
@@ -171,7 +172,8 @@ def _quiet(text: str) -> None:
     """A `say` that says nothing."""
 
 
-def inductor_build_check(compiler: Check, timeout_s: float = 300.0, say: Callable[[str], None] = _quiet) -> Check:
+def inductor_build_check(compiler: ReadinessCheck, timeout_s: float = 300.0,
+                         say: Callable[[str], None] = _quiet) -> ReadinessCheck:
     """Compile chapter 8's first function with Inductor in a fresh process (the environment's CPU capability).
 
     It proves that the whole chain builds, not only that a compiler exists, and it leaves Inductor's
@@ -182,18 +184,19 @@ def inductor_build_check(compiler: Check, timeout_s: float = 300.0, say: Callabl
     import subprocess
 
     if not compiler.ok:
-        return Check(INDUCTOR_BUILD, "not tried: no C++ compiler", ok=False, required=False, fix=compiler.fix)
+        return ReadinessCheck(INDUCTOR_BUILD, "not tried: no C++ compiler", ok=False, required=False, fix=compiler.fix)
     say(BUILDING_HEADER)
     try:
         done = subprocess.run([sys.executable, "-c", _FIRST_COMPILE], capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return Check(INDUCTOR_BUILD, f"a one-line compile did not finish in {timeout_s:.0f} s", ok=False,
-                     required=False, fix="chapter 8 will be slow here; close other programs and rerun make doctor")
+        return ReadinessCheck(INDUCTOR_BUILD, f"a one-line compile did not finish in {timeout_s:.0f} s", ok=False,
+                              required=False,
+                              fix="chapter 8 will be slow here; close other programs and rerun make doctor")
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if "Error" in line] or ["no error line"]
-        return Check(INDUCTOR_BUILD, f"a one-line compile failed: {errors[-1].strip()[:200]}", ok=False,
-                     required=False, fix=_COMPILER_FIX)
+        return ReadinessCheck(INDUCTOR_BUILD, f"a one-line compile failed: {errors[-1].strip()[:200]}", ok=False,
+                              required=False, fix=_COMPILER_FIX)
     say(BUILDING_LADDER)
     try:
         ladder = subprocess.run([sys.executable, "-c", _LADDER_WARMUP], capture_output=True, text=True,
@@ -202,44 +205,46 @@ def inductor_build_check(compiler: Check, timeout_s: float = 300.0, say: Callabl
                        else "; chapter 8's speed ladder did not compile here, so its cell will compile it")
     except subprocess.TimeoutExpired:
         ladder_text = f"; chapter 8's speed ladder did not compile in {timeout_s:.0f} s, so its cell will compile it"
-    return Check(INDUCTOR_BUILD, f"a one-line function compiled in {done.stdout.strip()} s{ladder_text}; "
-                                 "Inductor's cache for this CPU is now warm for chapter 8", required=False)
+    return ReadinessCheck(INDUCTOR_BUILD, f"a one-line function compiled in {done.stdout.strip()} s{ladder_text}; "
+                                          "Inductor's cache for this CPU is now warm for chapter 8", required=False)
 
 
-def _dataset() -> Check:
+def _dataset() -> ReadinessCheck:
     try:
         digest = verify_dataset()
-        return Check("embedded dataset", f"{DATASET_FILE.name} sha256 {digest[:12]}… ok")
+        return ReadinessCheck("embedded dataset", f"{DATASET_FILE.name} sha256 {digest[:12]}… ok")
     except Exception as err:  # DatasetError says what to do
-        return Check("embedded dataset", str(err), ok=False, fix="see the message above")
+        return ReadinessCheck("embedded dataset", str(err), ok=False, fix="see the message above")
 
 
-def _jupyter() -> list[Check]:
+def _jupyter() -> list[ReadinessCheck]:
     checks = [_version_check("jupyterlab", "make lab installs it"),
               _version_check("ipywidgets", "make lab installs it")]
     lab_ext = _version("jupyterlab_widgets")
-    checks.append(Check("ipywidgets lab extension", f"jupyterlab_widgets {lab_ext}" if lab_ext else "not installed",
-                        ok=lab_ext is not None, fix="pip install jupyterlab_widgets (make lab does it)"))
+    checks.append(ReadinessCheck("ipywidgets lab extension",
+                                 f"jupyterlab_widgets {lab_ext}" if lab_ext else "not installed",
+                                 ok=lab_ext is not None, fix="pip install jupyterlab_widgets (make lab does it)"))
     return checks
 
 
-def _device() -> tuple[Check, torch.device]:
+def _device() -> tuple[ReadinessCheck, torch.device]:
     try:
         choice = choose_device()
     except (ValueError, RuntimeError) as err:  # a PTLAB_DEVICE this machine cannot honour
-        return Check("device", str(err), ok=False,
-                     fix="unset PTLAB_DEVICE (the course picks cuda, mps or cpu itself) or set it to cpu"), \
+        return ReadinessCheck("device", str(err), ok=False,
+                              fix="unset PTLAB_DEVICE (the course picks cuda, mps or cpu itself) or set it to cpu"), \
             torch.device("cpu")
-    return Check("device", str(choice), required=False), choice.device
+    return ReadinessCheck("device", str(choice), required=False), choice.device
 
 
-def iter_checks(say: Callable[[str], None] = _quiet) -> Iterator[Check]:
+def iter_checks(say: Callable[[str], None] = _quiet) -> Iterator[ReadinessCheck]:
     """Every readiness check, each yielded as soon as it has run, in the order the report prints them.
 
     `say` is told what is being built before a step that takes more than a few seconds.
     """
     device_check, device = _device()
-    yield Check("python", platform.python_version(), ok=sys.version_info >= (3, 10), fix="Python 3.10 or newer")
+    yield ReadinessCheck("python", platform.python_version(), ok=sys.version_info >= (3, 10),
+                         fix="Python 3.10 or newer")
     yield _version_check("torch", "make lab installs the pinned version from requirements.lock")
     yield _version_check("torchvision", "make lab installs the pinned version from requirements.lock")
     yield device_check
@@ -247,14 +252,14 @@ def iter_checks(say: Callable[[str], None] = _quiet) -> Iterator[Check]:
     compiler = inductor_compiler_check()
     yield compiler
     yield inductor_build_check(compiler, say=say)
-    yield Check("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
-                required=False)
+    yield ReadinessCheck("CPU threads", f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs",
+                         required=False)
     yield _cpu_instructions()
     yield _dataset()
     yield from _jupyter()
 
 
-def run_checks() -> list[Check]:
+def run_checks() -> list[ReadinessCheck]:
     """Every readiness check, in the order the report prints them."""
     return list(iter_checks())
 
@@ -263,7 +268,7 @@ HEADER = "ptlab doctor"
 NAME_WIDTH = len(INDUCTOR_COMPILER) + 2    # the longest check name, so lines printed one by one line up
 
 
-def check_lines(check: Check, width: int = NAME_WIDTH) -> list[str]:
+def check_lines(check: ReadinessCheck, width: int = NAME_WIDTH) -> list[str]:
     """One check as the report prints it: its line, and its fix when it is not ok."""
     mark = "ok  " if check.ok else ("FAIL" if check.required else "warn")
     lines = [f"  [{mark}] {check.name:<{width}}{check.finding}"]
@@ -277,7 +282,7 @@ def note_line(text: str) -> str:
     return f"  [....] {text}"
 
 
-def verdict(checks: list[Check]) -> tuple[str, int]:
+def verdict(checks: list[ReadinessCheck]) -> tuple[str, int]:
     """The report's last line and the exit code: 1 if anything required is missing."""
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:
@@ -286,7 +291,7 @@ def verdict(checks: list[Check]) -> tuple[str, int]:
     return "READY: everything the course needs is here.", 0
 
 
-def report(checks: list[Check]) -> tuple[str, int]:
+def report(checks: list[ReadinessCheck]) -> tuple[str, int]:
     """The printed report and the exit code: 1 if anything required is missing."""
     width = max([NAME_WIDTH] + [len(c.name) + 2 for c in checks])
     last, code = verdict(checks)

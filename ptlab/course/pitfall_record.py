@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ptlab.claims import MEASURED, Check, show
+from ptlab.core import kept_random_state
 from ptlab.course.topics import refuse_second_id
 
 Number = int | float
@@ -154,10 +155,10 @@ def preserved_random_state():
     import numpy as np
     import torch
 
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
     numpy_state, python_state = np.random.get_state(), random.getstate()
     try:
-        with torch.random.fork_rng(devices=devices):
+        with kept_random_state(devices):
             yield
     finally:
         np.random.set_state(numpy_state)

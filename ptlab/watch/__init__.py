@@ -55,15 +55,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import torch
-from torch import nn
-
-from ..models import SmallCNN
-from ..timing import compare
 from .report import Report, WatchFinding
 from .watcher import EVERY_DETECTOR, Watcher
 
-__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "HINT_ONLY", "main", "measure_overhead", "overhead_line"]
+__all__ = ["watch", "Report", "WatchFinding", "DETECTS", "HINT_ONLY", "main"]
 
 # Which registered pitfall each detector observes, and the sign it looks for: declared once, by the detector (the
 # registry test runs every one of them both ways).
@@ -157,42 +152,3 @@ def run_script(path: Path, script_args: list[str], steps: int = 200) -> Report:
         sys.argv, sys.path[:] = saved_argv, saved_path
     report.script_failed = failed
     return report
-
-
-def measure_overhead(steps: int = 20, batch_size: int = 64, repeats: int = 5) -> dict[str, float]:
-    """Chapter 4's SmallCNN training step with and without the watch, side by side: seconds per step (the fastest
-    of `repeats` interleaved runs of `steps` steps each) and the overhead."""
-    generator = torch.Generator().manual_seed(0)
-    X = torch.randn(batch_size, 3, 32, 32, generator=generator)
-    y = torch.randint(0, 10, (batch_size,), generator=generator)
-    model = SmallCNN(width=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def train_steps() -> None:
-        for _ in range(steps):
-            loss = nn.functional.cross_entropy(model(X), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
-    def watched() -> None:
-        with watch(steps=10 * steps):
-            train_steps()
-
-    result = compare(train_steps, watched, warmup=1, repeats=repeats, names=("plain", "watched"))
-    # the fastest repeat of each, timed interleaved: another process on a busy machine only ever adds time
-    plain, with_watch = min(result.a.seconds) / steps, min(result.b.seconds) / steps
-    return {"plain s/step": plain, "watched s/step": with_watch, "overhead": with_watch / plain - 1}
-
-
-OVERHEAD_BUDGET = 0.25
-
-
-def overhead_line() -> tuple[str, bool]:
-    """make bench's line: the watch's overhead on chapter 4's SmallCNN step, and whether it is within budget."""
-    figures = measure_overhead()
-    within = figures["overhead"] <= OVERHEAD_BUDGET
-    return (f"ptlab watch on a SmallCNN training step (batch 64): {figures['plain s/step'] * 1e3:.1f} ms plain, "
-            f"{figures['watched s/step'] * 1e3:.1f} ms watched, overhead {figures['overhead']:+.0%} "
-            f"(budget {OVERHEAD_BUDGET:.0%})"), within
-

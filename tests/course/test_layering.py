@@ -114,7 +114,7 @@ def test_the_check_fails_on_a_planted_back_import(tmp_path):
     train = copy / "train.py"
     train.write_text(train.read_text() + "\nfrom ptlab.course.pitfalls import all_pitfalls  # planted\n")
     memory = copy / "memory.py"
-    memory.write_text(memory.read_text() + "\n\ndef planted():\n    from ptlab.diagnose import Finding\n")
+    memory.write_text(memory.read_text() + "\n\ndef planted():\n    from ptlab.diagnose import GradientFinding\n")
     problems = layering_violations(copy)
     assert any("ptlab.train" in p and "a tool may import only" in p for p in problems), problems
     assert any("ptlab.memory" in p and "inside a function" in p for p in problems), problems

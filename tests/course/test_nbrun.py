@@ -37,30 +37,6 @@ def test_bench_runs_every_notebook_even_after_one_fails(tmp_path, capsys):
     assert "Mixed precision" not in out
 
 
-@pytest.mark.slow
-def test_speed_report_prints_the_four_variants_with_peak_fractions():
-    from ptlab.amp import speed_report
-
-    lines = speed_report(width=4).splitlines()
-    assert lines[0].startswith("Mixed precision (chapter 6): SmallCNN(width=4)") and " bf16 kernels: " in lines[0]
-    assert lines[1].startswith("matmul peak, GFLOP per CPU-second: float32 ") and "bfloat16" in lines[1]
-    assert lines[2].split()[:2] == ["variant", "images/CPU-s"] and "of its matmul peak" in lines[2]
-    assert [line[:25].strip() for line in lines[3:]] == ["float32", "float32 + channels_last", "bf16 autocast",
-                                                         "bf16 + channels_last"]
-    assert all(line.count("≈") == 3 for line in lines[3:])
-
-
-def test_speed_report_says_why_it_was_skipped(monkeypatch):
-    import ptlab.amp
-    from ptlab.amp import speed_report
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("no bf16 kernels on this build")
-
-    monkeypatch.setattr(ptlab.amp, "speed_comparison", broken)
-    assert speed_report() == "mixed-precision speed table skipped: RuntimeError: no bf16 kernels on this build"
-
-
 def test_budget_problems_name_each_overrun():
     ok = NotebookRun(Path("a.ipynb"), 50.0, 5.0, 3, 900.0, 0.9)
     assert budget_problems(ok) == []

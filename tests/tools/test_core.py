@@ -91,3 +91,39 @@ def test_claim_prints_and_raises(capsys):
     with pytest.raises(TypeError, match="single truth value"):
         claim("vector", torch.tensor([True, False]))
     claim("a one-element tensor is accepted", torch.tensor(True))
+
+
+def test_kept_random_state_forks_the_accelerator_generators_of_the_devices_named(monkeypatch):
+    from ptlab.core import kept_random_state
+
+    seen = []
+    real_fork = torch.random.fork_rng
+
+    def recording_fork(devices=None, device_type="cuda", **kwargs):
+        seen.append((devices, device_type))
+        return real_fork(devices=[], **kwargs)           # record the request, fork the CPU only
+
+    monkeypatch.setattr(torch.random, "fork_rng", recording_fork)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args, **kwargs: torch.device("cuda"))
+    generator = torch.Generator().manual_seed(3)
+    before, generator_before = torch.random.get_rng_state(), generator.get_state()
+    devices = [torch.device("cuda", 1), torch.device("cpu"), "cuda:1", torch.device("cuda", 0), torch.device("mps", 0)]
+    with kept_random_state(devices, [generator]):
+        torch.rand(3), torch.rand(3, generator=generator)
+    assert seen == [([0, 1], "cuda")]
+    assert torch.equal(torch.random.get_rng_state(), before) and torch.equal(generator.get_state(), generator_before)
+
+
+def test_atomic_write_leaves_the_old_file_and_no_temporary_when_the_write_fails(tmp_path):
+    from ptlab.core import atomic_write
+
+    path = atomic_write(tmp_path / "sub" / "f.bin", lambda handle: handle.write(b"old"))
+    assert path.read_bytes() == b"old"
+
+    def failing(handle):
+        handle.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write(path, failing)
+    assert path.read_bytes() == b"old" and [p.name for p in path.parent.iterdir()] == ["f.bin"]

@@ -282,30 +282,21 @@ def test_stale_gradients_are_listed_in_both_modes_and_flagged_apart_from_healthy
     assert not diagnose(model).has_stale_gradients
 
 
-def test_cuda_devices_in_use_are_found():
-    from ptlab.diagnose import cuda_device_indices
-
-    devices = [torch.device("cuda", 1), torch.device("cpu"), torch.device("cuda:1"), torch.device("cuda", 0)]
-    assert cuda_device_indices(devices) == [0, 1]
-    assert cuda_device_indices([torch.device("cpu")]) == []
-
-
-def test_batch_mode_forks_the_rng_of_every_device_in_use(monkeypatch):
+def test_batch_mode_keeps_the_random_state_of_every_device_in_use(monkeypatch):
     import ptlab.diagnose as diagnose_module
 
     seen = []
-    real_fork = torch.random.fork_rng
+    real_keep = diagnose_module.kept_random_state
 
-    def recording_fork(devices=None, **kwargs):
-        seen.append(devices)
-        return real_fork(devices=[], **kwargs)           # no CUDA here: record the request, fork the CPU
+    def recording_keep(devices, *args, **kwargs):
+        seen.append(sorted(map(str, devices)))
+        return real_keep([], *args, **kwargs)
 
-    monkeypatch.setattr(torch.random, "fork_rng", recording_fork)
-    monkeypatch.setattr(diagnose_module, "cuda_device_indices", lambda devices: [3])
+    monkeypatch.setattr(diagnose_module, "kept_random_state", recording_keep)
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 1)).train()
     before = torch.random.get_rng_state()
     diagnose(model)
-    assert seen == [[3]] and torch.equal(torch.random.get_rng_state(), before)
+    assert seen == [["cpu"]] and torch.equal(torch.random.get_rng_state(), before)
 
 
 @pytest.mark.cuda

@@ -9,8 +9,7 @@ import torch
 import ptlab.speed_ladder as speed_ladder_module
 from ptlab.amp import bf16_matmul_kind
 from ptlab.data import uint8_split
-from ptlab.speed_ladder import (Ladder, Rung, Setup, _batches, _training_step, format_ladder, ladder_report,
-                                ladder_rungs, speed_ladder)
+from ptlab.speed_ladder import Ladder, Rung, Setup, _batches, _training_step, format_ladder, ladder_rungs, speed_ladder
 
 
 def test_each_rung_adds_exactly_one_change_to_the_one_before():
@@ -125,13 +124,6 @@ def test_format_ladder_left_aligns_figures_and_explains_a_skip():
         format_ladder({"naive": 1.0})
 
 
-def test_ladder_report_turns_a_failure_into_one_skipped_line(monkeypatch):
-    def broken(**kwargs):
-        raise RuntimeError("no compiler")
-    monkeypatch.setattr(speed_ladder_module, "speed_ladder", broken)
-    assert ladder_report() == "speed ladder skipped: RuntimeError: no compiler"
-
-
 @pytest.mark.slow
 def test_a_real_climb_measures_every_rung_it_can_and_skips_bf16_where_it_is_not_native():
     ladder = speed_ladder(steps=1, warmup=1)
@@ -158,18 +150,3 @@ def test_the_naive_rungs_adamw_defaults_to_the_per_parameter_loop_on_the_cpu():
     params = list(speed_ladder_module.SmallCNN(width=4).parameters())
     assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=False) == (False, False)
     assert torch.optim.AdamW(params).defaults["foreach"] is None and torch.optim.AdamW(params).defaults["fused"] is None
-
-
-def test_make_bench_prints_the_ladder_after_the_mixed_precision_table_and_the_thread_pool_last(monkeypatch, capsys):
-    """Only the wiring: the three reports and the watch line stand in for the real ones (each tested on its own)."""
-    from ptlab.course import bench as nbrun
-
-    monkeypatch.setattr(nbrun, "notebook_paths", lambda paths: [])
-    monkeypatch.setattr(nbrun, "speed_report", lambda: "MIXED PRECISION TABLE")
-    monkeypatch.setattr(nbrun, "ladder_report", lambda: "SPEED LADDER TABLE")
-    monkeypatch.setattr(nbrun, "overhead_line", lambda: ("watch overhead line", True))
-    monkeypatch.setattr(nbrun, "thread_report", lambda: ["THREAD POOL TABLE"])
-    assert nbrun.bench([], speed=True) == 0
-    out = capsys.readouterr().out
-    assert (out.index("MIXED PRECISION TABLE") < out.index("SPEED LADDER TABLE") < out.index("watch overhead line")
-            < out.index("THREAD POOL TABLE"))

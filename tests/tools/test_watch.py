@@ -3,7 +3,6 @@ clean training code gives no finding; the watch changes no result and leaves not
 from __future__ import annotations
 
 import json
-import math
 import re
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ptlab.__main__ import main as cli
 from ptlab.course.pitfalls import all_pitfalls, get_pitfall
-from ptlab.watch import DETECTS, HINT_ONLY, detectors, measure_overhead, watch
+from ptlab.watch import DETECTS, HINT_ONLY, detectors, watch
 from ptlab.watch.watcher import EVERY_DETECTOR
 
 BUGGY_SCRIPT = Path(__file__).resolve().parents[2] / "ptlab/lessons/ch05_checkpoints_debugging/buggy_training.py"
@@ -345,25 +344,6 @@ def test_buggy_training_script_shows_exactly_its_three_bugs(capsys):
     bug_lines = [i + 1 for i, line in enumerate(BUGGY_SCRIPT.read_text().splitlines()) if "# BUG:" in line]
     for line in bug_lines:
         assert f"buggy_training.py:{line}" in text, (line, text)
-
-
-def test_overhead_line_says_whether_it_is_within_budget(monkeypatch):
-    import ptlab.watch
-
-    monkeypatch.setattr(ptlab.watch, "measure_overhead",
-                        lambda: {"plain s/step": 0.010, "watched s/step": 0.012, "overhead": 0.2})
-    assert ptlab.watch.overhead_line() == ("ptlab watch on a SmallCNN training step (batch 64): 10.0 ms plain, "
-                                           "12.0 ms watched, overhead +20% (budget 25%)", True)
-    monkeypatch.setattr(ptlab.watch, "measure_overhead",
-                        lambda: {"plain s/step": 0.010, "watched s/step": 0.013, "overhead": 0.3})
-    assert ptlab.watch.overhead_line()[1] is False
-
-
-def test_overhead_on_the_chapter_4_step():
-    figures = measure_overhead(steps=10, repeats=3)
-    print(f"watch overhead on a SmallCNN training step: {figures['overhead']:.1%}")
-    assert math.isfinite(figures["overhead"])
-    assert figures["overhead"] < 1.0                            # generous here; make bench prints the figure
 
 
 def test_no_false_alarm_from_a_saliency_map_or_a_loss_module():

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler
 
 from ptlab.data import normalize_uint8, uint8_split
+from ptlab.loop import eval_mode
 from ptlab.models import SmallCNN
 from ptlab.reference import FINETUNE_CLASSES, class_indices
 
@@ -35,15 +36,10 @@ def backbone_features(backbone: SmallCNN, indices: torch.Tensor, train: bool = T
                       batch_size: int = 500) -> torch.Tensor:
     """The pooled features (N, 4 * width) of the images at `indices` of one split, in eval mode (modes restored)."""
     images, _ = uint8_split(train)
-    was_training = [(m, m.training) for m in backbone.modules()]
-    backbone.eval()
-    try:
+    with eval_mode(backbone):
         return torch.cat([backbone.pool(backbone.features(normalize_uint8(images[indices[i:i + batch_size]])))
                           .flatten(1)
                           for i in range(0, len(indices), batch_size)])
-    finally:
-        for m, mode in was_training:
-            m.training = mode
 
 
 def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
