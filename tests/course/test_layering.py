@@ -1,6 +1,6 @@
 """The package's layers, read from its imports (AST only, nothing is run): what may import what, no cycles.
 
-- foundation (claims, plots, core, timing, loop, data, models, reference) imports only the foundation;
+- foundation (claims, plots, core, timing, loop, data, shapes, models, reference) imports only the foundation;
 - tools (every other module at the top of ptlab) import the foundation and tools;
 - course (ptlab/course) imports the foundation, tools and course; lessons (ptlab/lessons) may import all of those
   and lessons; nothing else imports a lesson or the course (the registries find lessons on disk);
@@ -21,7 +21,7 @@ import pytest
 
 from notebook_rules import ROOT
 
-FOUNDATION = {"claims", "plots", "core", "timing", "loop", "data", "models", "reference"}
+FOUNDATION = {"claims", "plots", "core", "timing", "loop", "data", "shapes", "models", "reference"}
 SURFACE = {"ptlab", "ptlab.__main__"}
 ALLOWED = {"foundation": {"foundation"}, "tool": {"foundation", "tool"},
            "course": {"foundation", "tool", "course"}, "lesson": {"foundation", "tool", "course", "lesson"}}

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ptlab import data
+from ptlab.shapes import generate_images, shape_mask
 from ptlab.data import (
     CLASSES,
     DATASET_FILE,
@@ -19,10 +20,8 @@ from ptlab.data import (
     DatasetError,
     EmbeddedImages,
     export_image_folder,
-    generate_images,
     load_arrays,
     load_dataset,
-    shape_mask,
     to_float_tensors,
     verify_dataset,
 )
