@@ -1,6 +1,8 @@
 """Small matplotlib figures shared by the widgets and the notebooks."""
 from __future__ import annotations
 
+import itertools
+
 import functools
 import textwrap
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,7 +44,7 @@ def plot_series(outcomes: dict[str, HasSeries], title: str = "",
                         color=BUGGY_COLOUR if buggy else FIXED_COLOUR, **style)
                 ax.set_xlabel(outcome.x_label)
         levels = {text: y for o in outcomes.values() for text, y in getattr(o, "levels", {}).get(name, {}).items()}
-        for (text, y), style in zip(levels.items(), (":", "-.", (0, (1, 3)))):
+        for (text, y), style in zip(levels.items(), itertools.cycle((":", "-.", (0, (1, 3))))):  # every level drawn
             ax.axhline(y, color="0.35", linestyle=style, linewidth=1.2, label=text, zorder=1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs are whole numbers
         ax.set_title(name)

@@ -139,7 +139,7 @@ def train_one_epoch(
 
 
 def _length(loader: Iterable) -> int | None:
-    """len(loader) when it has one (a DataLoader has), else None."""
+    """len(loader) when it has one (a DataLoader over a dataset with a length has), else None."""
     try:
         return len(loader)  # type: ignore[arg-type]
     except TypeError:

@@ -10,7 +10,7 @@ F = nn.functional
 
 
 def _make_step(zero_grad="start", autocast_dtype=torch.float16, loss_fn=F.mse_loss, unscale=True, clip=True,
-               step="scaler", update=True, returned="loss"):
+               step="scaler", update=True, returned="loss", unscale_after_step=False):
     """An amp_step with one thing changed from the right answer (the defaults are the right answer)."""
 
     def amp_step(model, opt, scaler, X, y, max_norm):
@@ -24,10 +24,13 @@ def _make_step(zero_grad="start", autocast_dtype=torch.float16, loss_fn=F.mse_lo
             scaler.unscale_(opt)
         if clip:
             nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        if step == "scaler":
-            scaler.step(opt)
+        if step in ("scaler", "twice"):
+            for _ in range(2 if step == "twice" else 1):
+                scaler.step(opt)
         else:
             opt.step()
+        if unscale_after_step:
+            scaler.unscale_(opt)
         for _ in range({True: 1, False: 0, "twice": 2}[update]):
             scaler.update()
         if zero_grad == "end":
@@ -101,10 +104,17 @@ def test_amp_step_rejects_each_mistake_with_its_own_message(capsys, mistake, mes
     assert "could not use your answer" not in out
 
 
-def test_a_double_unscale_is_not_called_a_missing_update(capsys):
-    """Round 3: torch's message ends "since the last update()", which the missing-update entry matched first."""
-    assert check("ch6-amp-step", _make_step(unscale="twice")) == "wrong"
-    assert "update() is missing" not in capsys.readouterr().out
+@pytest.mark.parametrize("mistake, message", [
+    (dict(unscale="twice"), "scaler.unscale_(opt) ran twice before update()"),
+    (dict(step="twice"), "scaler.step(opt) ran twice in one step"),
+    (dict(unscale=False, unscale_after_step=True), "scaler.unscale_(opt) came after scaler.step(opt)"),
+])
+def test_an_answer_that_calls_update_is_not_told_it_is_missing(capsys, mistake, message):
+    """Round 3 and round 4: torch's messages for a double unscale_, a double step and unscale_ after step all
+    mention update(); each answer below calls update() once, so 'update() is missing' would be false."""
+    assert check("ch6-amp-step", _make_step(**mistake)) == "wrong"
+    out = capsys.readouterr().out
+    assert message in out and "update() is missing" not in out, out
 
 
 def test_fp32_accumulator_exercise(capsys):

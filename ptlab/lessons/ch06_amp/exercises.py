@@ -40,11 +40,12 @@ def _batches(X, y):
 _SCALER_ERRORS = [   # the most specific first: "since the last update()" ends two messages
     ("unscale_() has already been called", "scaler.unscale_(opt) ran twice before update(): once per step is "
                                            "enough (scaler.step does not unscale again)."),
-    ("step() has already been called since the last update()", "scaler.update() is missing: after "
-                                                               "scaler.step(opt), call scaler.update() once in "
-                                                               "every step."),
-    ("unscale_() is being called after step()", "scaler.update() is missing: after scaler.step(opt), call "
-                                                "scaler.update() once in every step."),
+    # A missing update() is named by the scale check after step 1, before these two can be reached: here they mean
+    # a second scaler.step, or unscale_ after the step, within one step.
+    ("step() has already been called since the last update()", "scaler.step(opt) ran twice in one step: call it "
+                                                               "once, then scaler.update() once."),
+    ("unscale_() is being called after step()", "scaler.unscale_(opt) came after scaler.step(opt): unscale, then "
+                                                "clip, then step, then update."),
     ("No inf checks were recorded prior to update", "scaler.update() found no inf/NaN checks to use: it needs "
                                                     "one scaler.step(opt) (not opt.step()) since the previous "
                                                     "update(), so call it once per step, after scaler.step(opt)."),

@@ -41,10 +41,10 @@ def _overflowing_batch() -> tuple[torch.Tensor, torch.Tensor]:
     on, and the learning rates it meant for
     those steps are used by no update. Here a 3-step warm-up (0.025 to 0.1) is spent entirely on the 3 skipped
     steps. torch notices only one case: when the scheduler's first `step()` comes before any call of
-    `optimizer.step()` (it checks a flag on the optimizer, which any earlier real step sets for good, and which a
-    fused optimizer's call sets even when it skips), it warns that the two were called in the wrong order (the
-    code did call them in the right order). Skips after
-    the first real step pass without a word. (Advice, not measured here: a few skips in a long schedule change
+    `optimizer.step()` (it checks a flag on the optimizer, which every real step since a scheduler was first made on
+    this optimizer sets for good, and which a fused optimizer's call sets even when it skips), it warns that the
+    two were called in the wrong order (the code did call them in the right order). Skips after the first real
+    step pass without a word. (Advice, not measured here: a few skips in a long schedule change
     little; a short warm-up, or a run that keeps overflowing, loses its schedule.)""",
     catch="""Read `scaler.get_scale()` before `scaler.step()` and after `scaler.update()`: with one optimizer the
     scale drops exactly when its step was skipped (with backoff_factor < 1; with several optimizers it drops when
@@ -112,7 +112,8 @@ def _amp_steps(model: nn.Module, opt, scaler: torch.amp.GradScaler, X, y, steps:
     symptom="after a resume at step 10 of 20 the scale starts over at 65536, the resumed run skips a step the "
             "uninterrupted one did not, and its weights differ from the uninterrupted run's",
     why="""The scale is state, like the optimizer's moments: a fresh `GradScaler` starts at `init_scale`
-    (65536) and finds again, one skipped step per halving, the scale the run had settled on. Each skipped step
+    (65536) and halves once per skipped step until the gradients of now fit (here one skip brings it to 32768,
+    not the 8192 saved: the gradients have shrunk since). Each skipped step
     is an update lost, and a per-batch scheduler stepped every iteration moves on past it (the pitfall above).
     `scaler.state_dict()` holds the scale, the growth and backoff factors, the growth interval and the count of
     clean steps towards the next growth.""",
