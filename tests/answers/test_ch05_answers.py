@@ -104,10 +104,30 @@ def _one_graph(model, optimizer, micro_batches):
     optimizer.step()
 
 
+def _pairs_concatenated(model, optimizer, micro_batches):
+    """Two micro-batches merged at a time: half the batch's activations alive, not the whole."""
+    optimizer.zero_grad()
+    for i in range(0, len(micro_batches), 2):
+        X = torch.cat([X for X, _ in micro_batches[i:i + 2]])
+        y = torch.cat([y for _, y in micro_batches[i:i + 2]])
+        (nn.functional.cross_entropy(model(X), y) * len(X) / sum(len(x) for x, _ in micro_batches)).backward()
+    optimizer.step()
+
+
+def _pairs_in_one_graph(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    for i in range(0, len(micro_batches), 2):
+        sum(nn.functional.cross_entropy(model(X), y) / len(micro_batches) for X, y in micro_batches[i:i + 2]).backward()
+    optimizer.step()
+
+
 def test_accumulate_gradients_refuses_answers_that_save_no_memory(capsys):
-    """Round 3: both gave the right step, and both hold the whole batch's activations at once."""
-    for answer, words in ((_concatenated, "model(X) ran on 32 rows at once"),
-                          (_one_graph, "4 forward passes ran before a backward")):
+    """Round 3: each gives the right step and keeps more than one micro-batch's activations alive; round 4: the
+    message says how many, not 'the whole batch', when only part of it was merged."""
+    for answer, words in ((_concatenated, "model(X) ran on 32 of the batch's 32 rows at once: 4 micro-batches'"),
+                          (_one_graph, "4 forward passes (of 4) ran before a backward"),
+                          (_pairs_concatenated, "model(X) ran on 16 of the batch's 32 rows at once: 2 micro-batches'"),
+                          (_pairs_in_one_graph, "2 forward passes (of 4) ran before a backward")):
         assert check("ch5-accumulate-gradients", answer) == "wrong"
         out = capsys.readouterr().out
         assert words in out, (answer.__name__, out)

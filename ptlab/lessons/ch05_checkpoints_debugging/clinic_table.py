@@ -27,9 +27,9 @@ CLINIC: tuple[ClinicRow, ...] = (
               ("nan-from-a-poisoned-sample", "nan-from-init-scale", "exploding-gradients-nan")),
     ClinicRow("loss shoots up by orders of magnitude and stays there",
               "a learning rate far too high (the loss can stay finite, with or without BatchNorm: a ruined model "
-              "that keeps printing numbers, as chapter 4's learning-rate-too-high shows); with SGD's "
-              "weight_decay or AdamW's, lr times weight decay above 2 multiplies every weight by less than -1 "
-              "each step, so the weights flip sign and grow",
+              "that keeps printing numbers, as chapter 4's learning-rate-too-high shows); with AdamW, "
+              "or plain SGD (no momentum), lr times weight decay above 2 multiplies every weight by less than -1 "
+              "each step, so the weights flip sign and grow (with SGD's momentum m the bound is 2(1 + m))",
               "lower the lr 10x; lr_range_test; log the loss every few steps, not once per epoch",
               ("learning-rate-too-high",)),
     ClinicRow("loss does not go down",

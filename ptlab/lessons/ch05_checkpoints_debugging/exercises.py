@@ -151,13 +151,15 @@ def check_accumulate_gradients(accumulated_step) -> None:
     if moved == 0:
         raise Wrong("the weights did not change: call optimizer.step() once, after the micro-batches")
     error = max((p - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
-    if error <= 1e-6 and alive.largest_input > 8:
-        raise Wrong(f"model(X) ran on {alive.largest_input} rows at once: that holds the whole batch's activations, "
-                    "which is what ran out of memory. Run the model on one micro-batch at a time.")
+    rows, size = sum(len(X) for X, _ in micro), len(micro[0][0])
+    if error <= 1e-6 and alive.largest_input > size:
+        raise Wrong(f"model(X) ran on {alive.largest_input} of the batch's {rows} rows at once: "
+                    f"{alive.largest_input / size:g} micro-batches' activations alive together, where one was the "
+                    "limit. Run the model on one micro-batch at a time.")
     if error <= 1e-6 and alive.most_forwards_before_backward > 1:
-        raise Wrong(f"{alive.most_forwards_before_backward} forward passes ran before a backward: their graphs and "
-                    "saved activations were alive together, as much memory as the whole batch. Call backward() on "
-                    "each micro-batch's loss before the next forward.")
+        raise Wrong(f"{alive.most_forwards_before_backward} forward passes (of {len(micro)}) ran before a backward: "
+                    "their graphs and saved activations were alive together, where one was the limit. Call "
+                    "backward() on each micro-batch's loss before the next forward.")
     if error > 1e-6:
         mine = [p.detach() for p in model.parameters()]
         for mistake, advice in _MISTAKES:
