@@ -11,7 +11,7 @@ from torch import nn
 
 from ptlab.amp import bf16_matmul_kind, format_speed_table, peak_fractions, speed_comparison, training_step_flops
 from ptlab.compiling import use_inductor_cache_per_cpu_capability
-from ptlab.course.nbrun import BUDGETS, NotebookRun, budget_problems, notebook_paths, run_notebook
+from ptlab.course.nbrun import BUDGETS, NotebookRun, budget_problems, kernel_env, notebook_paths, run_notebook
 from ptlab.data import to_float_tensors
 from ptlab.models import SmallCNN
 from ptlab.speed_ladder import format_ladder, speed_ladder
@@ -133,9 +133,10 @@ def busy_over_quiet(pairs: list[tuple[NotebookRun, NotebookRun]]) -> float:
 
 
 def _machine_line() -> str:
+    policy = kernel_env().get("OMP_WAIT_POLICY") or "unset"          # what the kernels ran with, not this process
     return (f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} CPUs, OMP_WAIT_POLICY="
-            f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}; busy: one process spinning in pure Python")
+            f"{torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} CPUs, the kernels' OMP_WAIT_POLICY="
+            f"{policy}; busy: one process spinning in pure Python")
 
 
 def busy_table(pairs: list[tuple[NotebookRun, NotebookRun]]) -> str:
