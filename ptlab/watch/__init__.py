@@ -28,7 +28,7 @@ What a finding means, and the exit status of `python -m ptlab watch`:
   non-finite loss from finite inputs and targets, a loss that rose >= 30x and stays >= 3x up, and the GradScaler
   mistakes.
 - A hint (printed, exit 0) is a sign that correct code can show too: with balanced labels, a training
-  cross-entropy still within 5% of ln(classes) after >= 50 optimizer steps although the weights moved >= 20% by the
+  cross-entropy still within 5% of ln(classes) after >= 50 cross-entropy calls although the weights moved >= 20% by the
   last watched step (labels that do not belong to their inputs, or a task the model has not learned yet).
 - A consequence (printed, not counted) is a loss sign (a rise, a non-finite loss, a loss at chance) that piled-up
   gradients explain, and only where that was measured: the pile's norm had reached 3x its first before the sign

@@ -61,9 +61,11 @@ class ZeroGrad(Detector):
     """Gradients never reset between steps (no zero_grad), or reset after backward and before the step.
 
     A reset is seen, not guessed from version counters: optimizer.zero_grad() and module.zero_grad() are wrapped,
-    `p.grad = None` or a new tensor changes the .grad object, and an in-place zero_()/fill_(0)/mul_(0)/copy_() on a
-    .grad's memory (through .data too) is seen by the watch's function mode. An in-place write that is not a
-    reset (clip_grad_norm_, GradScaler.unscale_) leaves the streak alone.
+    `p.grad = None` or a new tensor changes the .grad object, and an in-place zero_()/fill_(0)/mul_(0)/copy_() or an
+    assignment (`p.grad[:] = 0`) over a whole .grad's memory (through .data too) is seen by the watch's function mode.
+    Such writes reset the optimizer's gradients only once they covered every .grad it had: one written in part
+    (`p.grad[rows] = 0`), or a few of them, leave the rest piling up. An in-place write that is not a reset
+    (clip_grad_norm_, GradScaler.unscale_) leaves the streak alone.
     """
 
     NOT_ZEROED = Sign("missing-zero-grad", "the same .grad tensors added to, never reset, over >= 3 optimizer steps")
@@ -76,10 +78,13 @@ class ZeroGrad(Detector):
         super().__init__(watch)
         self.last: dict[int, tuple[dict, int]] = {}   # id(opt) -> ({id(p): (ref(grad), data_ptr, version)}, backwards)
         self.resets: dict[int, tuple[int, str | None]] = {}   # id(opt) -> (backwards at the reset, where)
-        self.ptrs: dict[int, int] = {}                # data_ptr of a .grad -> id(opt), to see in-place zeroing
-        # id(opt) -> (step, grad norm, the scale unscale_ divided by before it or None), while never reset
-        self.streaks: dict[int, list[tuple[int, torch.Tensor, float | None]]] = {}
-        self.best: list[tuple[int, torch.Tensor, float | None]] = []
+        self.ptrs: dict[int, tuple[int, int]] = {}    # data_ptr of a .grad -> (id(opt), numel), to see zeroing
+        self.writes: dict[int, dict[int, tuple[int, str | None]]] = {}   # id(opt) -> {ptr: (backwards, where)}
+        self.snapshots: dict[int, dict[int, torch.Tensor]] = {}          # id(opt) -> the .grad each step left
+        # id(opt) -> (step, grad norm, the scale unscale_ divided by before it or None, the norm over the norm of
+        # that step's own gradient, None where unknown), while never reset
+        self.streaks: dict[int, list[tuple[int, torch.Tensor, float | None, torch.Tensor | None]]] = {}
+        self.best: list[tuple[int, torch.Tensor, float | None, torch.Tensor | None]] = []
         self.best_where: str | None = None
         self.previous_norm: dict[int, torch.Tensor] = {}
         self.wheres: dict[int, str | None] = {}
@@ -105,10 +110,11 @@ class ZeroGrad(Detector):
             self.resets[opt] = (self.watch.backwards, where)
 
     def written(self, tensor: torch.Tensor) -> None:
-        """An in-place zero_/fill_/mul_/copy_ on a tensor: a reset if it is (a view of) a watched .grad's memory."""
-        opt = self.ptrs.get(tensor.data_ptr()) if self.ptrs else None
-        if opt is not None:
-            self.resets[opt] = (self.watch.backwards, self.watch.where())
+        """An in-place zero_/fill_/mul_/copy_ or a whole assignment on a tensor: counted if it covers a watched .grad's
+        whole memory; the optimizer's gradients are reset once every .grad it had is covered (see step_pre)."""
+        known = self.ptrs.get(tensor.data_ptr()) if self.ptrs else None
+        if known is not None and tensor.numel() == known[1]:
+            self.writes.setdefault(known[0], {})[tensor.data_ptr()] = (self.watch.backwards, self.watch.where())
 
     def clipped(self, norm: Any) -> None:
         """clip_grad_norm_ returned the norm before clipping: the size of the gradient sum, which the step measures."""
@@ -126,6 +132,10 @@ class ZeroGrad(Detector):
         previous = self.last.get(id(opt))
         backwards_before = previous[1] if previous else 0
         reset = self.resets.pop(id(opt), None)
+        writes = self.writes.pop(id(opt), {})
+        expected = [ptr for ptr, (o, _) in self.ptrs.items() if o == id(opt)]
+        if reset is None and expected and all(ptr in writes for ptr in expected):
+            reset = min(writes[ptr] for ptr in expected)       # every .grad written whole: a reset
         new = self.watch.backwards - backwards_before
         if reset is not None and new >= 1 and reset[0] == self.watch.backwards and self.zeroed_found is None:
             self._zeroed_before_step(opt, step, grads, reset[1])
@@ -133,7 +143,8 @@ class ZeroGrad(Detector):
         if not grads:
             streak.clear()
             return
-        if self.clip is not None and self.clip[0] == self.watch.backwards:
+        rescaled = self.clip is not None and self.clip[0] == self.watch.backwards
+        if rescaled:
             norm, self.clipped_norms = self.clip[1], True       # before clipping, which scaled .grad down
         else:
             norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(grads.values()))))
@@ -142,20 +153,28 @@ class ZeroGrad(Detector):
             return
         snapshot = previous[0]
         common = [k for k in grads if k in snapshot]
-        kept = reset is None and bool(common) and new >= 1 and all(
+        kept = reset is None and new >= 1 and any(      # one .grad added to since the last step is a pile
             snapshot[k][0]() is grads[k] and grads[k].data_ptr() == snapshot[k][1]
             and grads[k]._version > snapshot[k][2] for k in common)
         scale = self.unscale[1] if self.unscale is not None and self.unscale[0] == self.watch.backwards else None
         if kept and id(opt) in self.previous_norm:
             if not streak:
-                streak.append((self.opt_step(opt) - 1, self.previous_norm[id(opt)], scale))
+                streak.append((self.opt_step(opt) - 1, self.previous_norm[id(opt)], scale, None))
                 self.wheres[id(opt)] = self.watch.where()
-            streak.append((self.opt_step(opt), norm, scale))
+            streak.append((self.opt_step(opt), norm, scale,
+                           None if rescaled or scale is not None else self._over_fresh(opt, grads, norm)))
             if len(streak) > len(self.best):
                 self.best, self.best_where = list(streak), self.wheres[id(opt)]
         else:
             streak.clear()
         self.previous_norm[id(opt)] = norm
+
+    def _over_fresh(self, opt, grads: dict, norm: torch.Tensor) -> torch.Tensor | None:
+        """The pile's norm over the norm of what this step's backward passes added to it (.grad minus what the last
+        step left), or None if that is not known."""
+        left = self.snapshots.get(id(opt), {})
+        fresh = [g - left[k] if k in left else g for k, g in grads.items()]
+        return norm / torch.linalg.vector_norm(torch.stack(torch._foreach_norm(fresh))).clamp_min(1e-30)
 
     def opt_step(self, opt) -> int:
         """This optimizer's own step number, the one about to run."""
@@ -179,29 +198,35 @@ class ZeroGrad(Detector):
     def step_post(self, opt, step: int) -> None:
         grads = self._grads(opt)
         self.resets.pop(id(opt), None)          # a reset inside step() (LBFGS's closure) belongs to that step
+        self.writes.pop(id(opt), None)
+        self.snapshots[id(opt)] = {k: g.detach().clone() for k, g in grads.items()}
         self.last[id(opt)] = ({k: (weakref.ref(g), g.data_ptr(), g._version) for k, g in grads.items()},
                               self.watch.backwards)
-        self.ptrs = {ptr: o for ptr, o in self.ptrs.items() if o != id(opt)}
-        self.ptrs.update((g.data_ptr(), id(opt)) for g in grads.values())
+        self.ptrs = {ptr: o for ptr, o in self.ptrs.items() if o[0] != id(opt)}
+        self.ptrs.update((g.data_ptr(), (id(opt), g.numel())) for g in grads.values())
 
     def findings(self) -> list[WatchFinding]:
         found = [self.zeroed_found] if self.zeroed_found else []
         if len(self.best) < 3:
             return found
-        steps = [s for s, _, _ in self.best]
-        norms = floats([n for _, n, _ in self.best])
-        scales = [k for _, _, k in self.best[1:]]
+        steps = [s for s, _, _, _ in self.best]
+        norms = floats([n for _, n, _, _ in self.best])
+        scales = [k for _, _, k, _ in self.best[1:]]
+        known = [(s, r) for s, _, _, r in self.best if r is not None]
+        over_fresh = dict(zip([s for s, _ in known], floats([r for _, r in known])))
         shown = norms[:5]
         grown = next((s for s, v in zip(steps, norms) if norms[0] and v >= 3 * norms[0]), None)
+        piled = next((s for s in steps if over_fresh.get(s, 0) >= 3), None)
         evidence = {"steps": [steps[0], steps[-1]], "grad norm": [round(v, 6) for v in shown],
-                    "grad norm >= 3x its first at step": grown}
+                    "grad norm >= 3x its first at step": grown,
+                    "grad norm >= 3x that of the step's own gradient at step": piled}
         text = (f"over optimizer steps {steps[0]}-{steps[-1]} the same .grad tensors were only added to (never reset "
                 f"between steps: no zero_grad); the gradient norm"
                 f"{' (before clip_grad_norm_ scaled it)' if self.clipped_norms else ''} went {_ratios(shown)} of step "
                 f"{steps[0]}'s")
         if len(steps) < 10:
             return found + [WatchFinding(self.NOT_ZEROED.pitfall, text, evidence, self.best_where, since=steps[0],
-                                         explains_from=grown)]
+                                         explains_from=piled)]
         if norms[0] and math.isfinite(norms[0]) and math.isfinite(norms[-1]):
             text += f", and {norms[-1] / norms[0]:.3g}x at step {steps[-1]}"
         if all(k is not None for k in scales):
@@ -216,7 +241,7 @@ class ZeroGrad(Detector):
             text += f": each of these {len(steps)} steps used the sum of every gradient since step {steps[0]}"
         return found + [WatchFinding(self.NOT_ZEROED_IN_TRAINING.pitfall, text,
                                      {**evidence, "grad norm, last step": norms[-1]}, self.best_where, since=steps[0],
-                                     explains_from=grown)]
+                                     explains_from=piled)]
 
 
 class FrozenUpdated(Detector):
@@ -333,9 +358,9 @@ class Graphs(Detector):
             self.eval_groups.append((list(self.eval_outputs), type(module).__name__, self.watch.where()))
 
     def _eval_kept(self) -> WatchFinding | None:
-        for outputs, model, where in self.eval_groups:      # decided when the watch ends: was any output used?
-            if any(r.used for r in outputs):
-                continue
+        # decided when the watch ends: was any output used? The largest group none of whose outputs was used
+        unused = [g for g in self.eval_groups if not any(r.used for r in g[0])]
+        for outputs, model, where in sorted(unused, key=lambda g: -len(g[0]))[:1]:
             n = len(outputs)
             return WatchFinding(
                 self.EVAL_KEEPS_GRAPH.pitfall,

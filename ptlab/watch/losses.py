@@ -21,7 +21,7 @@ class LossCalls(Detector):
     SOFTMAX_FIRST = Sign("softmax-before-cross-entropy", "cross_entropy's input is the output of softmax")
     BROADCAST = Sign("broadcast-loss-shape", "mse_loss/l1_loss input and target both broadcast to a larger shape")
     AT_CHANCE = Sign("shuffled-labels", "a hint: with balanced labels, training cross-entropy within 5% of ln(C) "
-                                        "after >= 50 steps, although the weights moved >= 20%", hint=True)
+                                        "after >= 50 cross-entropy calls, although the weights moved >= 20%", hint=True)
     UNSHUFFLED = Sign("shuffle-off-for-training",
                       "training batches of (nearly) one class each, or labels in sorted order, while several classes "
                       "appear over the run")
@@ -197,7 +197,8 @@ class LossValues(Detector):
     """NaN/inf in an input batch, a loss that becomes NaN/inf or keeps rising: watch inputs and each loss."""
 
     POISONED_INPUT = Sign("nan-from-a-poisoned-sample",
-                          "NaN/inf in a model's input batch, or in a loss's target when that loss came out non-finite")
+                          "NaN/inf in a model's input batch when its output came out non-finite (a model that fills "
+                          "NaN-marked missing values itself does not), or in a loss's target when that loss did")
     NON_FINITE_LOSS = Sign("exploding-gradients-nan", "a non-finite loss from finite inputs and targets")
     LOSS_RISES = Sign("learning-rate-too-high",
                       "a loss made by a loss function, backpropagated at one line, rising >= 30x above its first value "
@@ -209,6 +210,7 @@ class LossValues(Detector):
         self.inputs: list[tuple[torch.Tensor, int, str, str | None]] = []
         self.bad_input: tuple[int, int, str] | None = None
         self.outputs: list[weakref.ref] = []     # the last root outputs: a model's input made by one is no sample
+        self.pending: tuple[torch.Tensor, str] | None = None    # a root's input batch, until its output is seen
         self.losses: dict[str | None, list[tuple[int, torch.Tensor]]] = {}  # where backward ran -> (step, loss)
         self.recent: list[torch.Tensor] = []
         self.count = 0                           # scalar losses backpropagated
@@ -240,7 +242,7 @@ class LossValues(Detector):
             x = args[0]
             if x.grad_fn is not None or any(r() is x for r in self.outputs):
                 return                           # an activation (one model's output fed to another), not a sample
-            self._keep(x, f"the input batch of {self.watch.module_name(module)}")
+            self.pending = (x, f"the input batch of {self.watch.module_name(module)}")
 
     def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
         if name not in LOSS_CALLS or len(args) < 2 or not isinstance(args[1], torch.Tensor) \
@@ -250,6 +252,12 @@ class LossValues(Detector):
         self._keep(args[1], f"the target of {name}", (~torch.isfinite(result.detach())).any())
 
     def forward(self, module: nn.Module, output: Any, root: bool) -> None:
+        if root and self.pending is not None:      # an input's NaN counts only where the output came out non-finite
+            x, what = self.pending
+            self.pending = None
+            bad_out = (~torch.isfinite(output.detach())).any() \
+                if isinstance(output, torch.Tensor) and output.is_floating_point() else None
+            self._keep(x, what, bad_out)
         if root and isinstance(output, torch.Tensor):
             self.outputs = [r for r in self.outputs[-3:] if r() is not None] + [weakref.ref(output)]
         if not self.check_modules or self.first_bad is not None:
@@ -294,16 +302,19 @@ class LossValues(Detector):
                      f"non-finite: the loss computation itself made it (a log of 0? a division by 0?)")
         else:
             after = ""                           # no forward ran after it was seen: nothing was checked
-        if finite and finite[0] > 0 and max(finite) >= 3 * finite[0]:
+        rose = bool(finite) and finite[0] > 0 and max(finite) >= 3 * finite[0]
+        if rose:
             before = f" after rising from {finite[0]:.3g} to {max(finite):.3g}"
-        else:
-            before = f" (its last finite value was {finite[-1]:.3g})" if finite else ""
+        else:                                    # nothing grew before it: no sign of exploding gradients, a hint
+            before = ((f" (its last finite value was {finite[-1]:.3g}, and it had not risen before)" if finite else "")
+                      + "; nothing measured shows a gradient that grew: look at the loss computation too (a division "
+                        "by 0? a log of 0?)")
         return WatchFinding(
             self.NON_FINITE_LOSS.pitfall,
             f"the loss became {losses[bad]} at step {steps[bad]}, from finite inputs and targets{before}{after}",
             {"first non-finite loss at step": steps[bad], "largest finite loss": max(finite) if finite else None,
              "first non-finite module": self.first_bad[0] if self.first_bad else None,
-             "forward passes checked": self.checked}, where, since=steps[bad])
+             "forward passes checked": self.checked}, where, certain=rose, since=steps[bad])
 
     def findings(self) -> list[WatchFinding]:
         self._first_bad_input()

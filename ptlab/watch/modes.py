@@ -5,9 +5,10 @@ Which model a pass belongs to decides what it means. A model none of whose param
 (an EMA or mean teacher, a MoCo key encoder, a distillation teacher): running it in train mode can be the design, so
 it gets no finding while something else trains (when nothing trains at all, the script is an evaluation). For the
 trained model, a forward pass in train mode that no backward uses is an evaluation, unless it is part of training
-itself: it recurs in most training iterations (fakes for a GAN's discriminator, pseudo-labels), it repeats one input
-(Monte Carlo dropout), the model's other BatchNorm or Dropout layers were put in eval mode on purpose, or it runs
-inside torch.utils.checkpoint or swa_utils.update_bn.
+itself: it recurs in most training iterations (fakes for a GAN's discriminator, pseudo-labels) and no loss under
+no_grad took its output as its input (a validation loss after every step does), it repeats one input (Monte Carlo
+dropout: the same input again, or one batch tiled k >= 2 times in one pass), the model's other BatchNorm or Dropout
+layers were put in eval mode on purpose, or it runs inside torch.utils.checkpoint or swa_utils.update_bn.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import Detector, Sign, floats, moment
+from .detectors import LOSS_CALLS, Detector, Sign, floats, moment
 from .report import WatchFinding
 
 _BN, _DROPOUT = nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd
@@ -36,6 +37,22 @@ def _inside(*modules: str) -> bool:
     return False
 
 
+def _tiled(x: torch.Tensor) -> bool:
+    """Whether the batch is one block of rows repeated k >= 2 times (x.repeat(k, 1), x.repeat_interleave(k, 0))."""
+    n = x.shape[0] if x.dim() else 0
+    if n < 2 or x.numel() > 10_000_000:
+        return False
+    flat = x.detach().reshape(n, -1)
+    for k in (k for k in range(2, n + 1) if n % k == 0):
+        m = n // k
+        if torch.equal(flat[:m], flat[m:2 * m]) and torch.equal(flat, flat[:m].repeat(k, 1)):
+            return True
+        grouped = flat.view(m, k, -1)
+        if torch.equal(grouped, grouped[:, :1].expand_as(grouped)):
+            return True
+    return False
+
+
 def _first_tensor(output: Any) -> torch.Tensor | None:
     """The output itself, or the first tensor in a tuple, list or dict output."""
     if isinstance(output, torch.Tensor):
@@ -48,12 +65,13 @@ class _Pass:
     """One forward pass of a root module in which a BatchNorm or Dropout ran in train mode."""
 
     __slots__ = ("root", "grad", "step", "input", "key", "consumed", "module", "is_bn", "drift", "where", "mixed",
-                 "skip")
+                 "skip", "output", "scored")
 
     def __init__(self, root: nn.Module, grad: bool, step: int, x: torch.Tensor | None) -> None:
         self.root, self.grad, self.step = id(root), grad, step
         self.input = weakref.ref(x) if x is not None else None
-        self.consumed = self.mixed = self.skip = self.is_bn = False
+        self.consumed = self.mixed = self.skip = self.is_bn = self.scored = False
+        self.output: weakref.ref | None = None
         self.key: tuple | None = None
         self.module: str | None = None
         self.drift: torch.Tensor | None = None
@@ -124,6 +142,7 @@ class Modes(Detector):
         if not p.grad and x is not None and x.numel():     # what identifies a repeated input (MC sampling)
             sample = x.detach().flatten()[:: max(1, x.numel() // 64)][:64].double()
             p.key = (tuple(x.shape), *torch.stack([sample.sum(), (sample * sample).sum()]).tolist())
+            p.skip = p.skip or _tiled(x)                    # one batch tiled in one pass: sampling too
         if p.root not in self.roots:
             root = self.watch.root
             self.roots[p.root] = (weakref.ref(root), frozenset(id(q) for q in root.parameters()))
@@ -142,6 +161,9 @@ class Modes(Detector):
             for holder in holders:
                 holder.drift = change
         p = self.current
+        if root and p is not None and p.module is not None and not p.grad:
+            tensor = _first_tensor(output)
+            p.output = weakref.ref(tensor) if tensor is not None else None
         if root and p is not None and p.module is not None and p.grad:
             tensor = _first_tensor(output)
             if tensor is None or not tensor.requires_grad:
@@ -155,13 +177,20 @@ class Modes(Detector):
             except RuntimeError:                    # a tensor that takes no hook: unknown, so not an evaluation
                 p.consumed = True
 
+    def call(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        """A loss under no_grad whose input is a train-mode pass's output: that pass is scored, an evaluation."""
+        if name in LOSS_CALLS and args and not torch.is_grad_enabled() and isinstance(args[0], torch.Tensor):
+            for p in self.passes[-4:]:
+                if p.output is not None and p.output() is args[0]:
+                    p.scored = True
+
     # --- deciding, when the watch ends ------------------------------------------------------------------------
     def _trained(self, root_id: int) -> bool:
         return bool(self.roots[root_id][1] & self.watch.trained) if root_id in self.roots else False
 
     def _root_steps(self, root_id: int) -> int:
         params = self.roots[root_id][1]
-        return max((self.watch.opt_steps.get(o, 0) for o, ps in self.watch.opt_params.items() if ps & params),
+        return max((self.watch.opt_all_steps.get(o, 0) for o, ps in self.watch.opt_params.items() if ps & params),
                    default=0)
 
     def _evaluation(self) -> WatchFinding | None:
@@ -175,7 +204,10 @@ class Modes(Detector):
             passes = [p for p in passes if p.key is None or keys[(p.step, p.key)] == 1]
             windows = sorted({p.step for p in passes})
             steps = self._root_steps(root_id)
-            if not passes or (len(windows) >= 3 and len(windows) >= 0.5 * steps):
+            if len(windows) >= 3 and len(windows) >= 0.5 * steps:    # recurring: part of training, unless scored
+                passes = [p for p in passes if p.scored]
+                windows = sorted({p.step for p in passes})
+            if not passes:
                 continue
             first = passes[0]
             root = self.roots[root_id][0]()

@@ -21,8 +21,8 @@ class WatchFinding:
     certain: bool = True
     consequence_of: str | None = None
     since: int = 0                  # the optimizer step from which the sign showed (orders causes and consequences)
-    # a cause that can explain loss signs: the step from which it was measured large enough to (piled-up gradients
-    # >= 3x their first norm); None: it explains nothing, and every other finding stays a cause of its own
+    # a cause that can explain loss signs: the step from which it was measured large enough to (the piled-up
+    # gradient >= 3x the norm of its step's own gradient); None: it explains nothing, every other finding stays a cause
     explains_from: int | None = None
     why_consequence: str = ""
 
@@ -47,17 +47,17 @@ class WatchFinding:
 def mark_consequences(findings: list[WatchFinding], explains: dict[str, set[str]],
                       may_explain: dict[str, set[str]] | None = None) -> list[WatchFinding]:
     """Mark each finding that a certain finding explains (`explains`: cause -> the ids it can explain), only where
-    what was measured says so: the cause had grown large (`explains_from`) no later than the sign began. Causes
+    what was measured says so: the cause had grown large (`explains_from`) at a step before the sign began. Causes
     first, then consequences, then hints."""
     causes = [f for f in findings if f.certain]
     for finding in findings:
         cause = next((c for c in causes if c is not finding and finding.pitfall in explains.get(c.pitfall, ())
-                      and c.explains_from is not None and c.explains_from <= max(finding.since, 1)
+                      and c.explains_from is not None and c.explains_from < finding.since
                       and c.consequence_of is None), None)
         if cause is not None:
             finding.consequence_of = cause.pitfall
-            finding.why_consequence = (f"the piled-up gradient norm was >= 3x its first from step "
-                                       f"{cause.explains_from}, before this began at step {finding.since}")
+            finding.why_consequence = (f"the piled-up gradient's norm was >= 3x that of its step's own gradient "
+                                       f"from step {cause.explains_from}, before this began at step {finding.since}")
             continue
         other = next((c for c in causes if c is not finding and c.certain and c.since <= max(finding.since, 1)
                       and finding.pitfall in (may_explain or {}).get(c.pitfall, ())), None)

@@ -40,8 +40,9 @@ MAY_EXPLAIN: dict[str, set[str]] = {
     LossCalls.SOFTMAX_FIRST.pitfall: {LossCalls.AT_CHANCE.pitfall},
     ZeroGrad.ZEROED_BEFORE_STEP.pitfall: {LossCalls.AT_CHANCE.pitfall},
 }
-# In-place writes that reset a .grad when they land on its memory (zero_grad's own are seen by wrapping it).
-# An assignment into it (`p.grad[:] = 0`) replaces what it held: a reset too, whatever the value.
+# In-place writes that reset a .grad when they cover its whole memory (zero_grad's own are seen by wrapping it).
+# An assignment into all of it (`p.grad[:] = 0`, `p.grad[...] = g`) replaces what it held: a reset too, whatever
+# the value; one into some rows (`p.grad[rows] = 0`) is not.
 _RESETS = {"zero_", "fill_", "copy_", "mul_", "_foreach_zero_", "__setitem__"}
 
 _OWN_DIR = str(Path(__file__).parent) + os.sep      # every file of this package
@@ -79,8 +80,9 @@ class _Mode(TorchFunctionMode):
             elif name in _RESETS and args and w.zero.ptrs and (name in ("zero_", "copy_", "_foreach_zero_",
                                                                         "__setitem__") or (
                     len(args) > 1 and isinstance(args[1], (int, float)) and args[1] == 0)):
+                whole = name != "__setitem__" or (len(args) > 1 and (args[1] is Ellipsis or args[1] == slice(None)))
                 with w._quiet():
-                    for tensor in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]]):
+                    for tensor in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]]) if whole else ():
                         if isinstance(tensor, torch.Tensor):
                             w.zero.written(tensor)
         return result
@@ -129,6 +131,7 @@ class Watcher:
         self.root: nn.Module | None = None                # the outermost module of the forward under way
         self.opt_params: dict[int, frozenset[int]] = {}   # id(optimizer) -> ids of its parameters that train
         self.opt_steps: dict[int, int] = {}               # id(optimizer) -> steps observed
+        self.opt_all_steps: dict[int, int] = {}           # id(optimizer) -> steps, the unwatched ones too
         self.trained: set[int] = set()                    # ids of parameters an optimizer stepped
         self.retaining = False                            # whether the backward under way has retain_graph=True
         self.sequential_batch: list[weakref.ref] = []     # the tensors of the batch a shuffle=False loader yielded
@@ -247,6 +250,7 @@ class Watcher:
     def step_post(self, opt, args, kwargs) -> None:
         self._mode_on()
         self.all_steps += 1
+        self.opt_all_steps[id(opt)] = self.opt_all_steps.get(id(opt), 0) + 1
         if not self.active:
             return
         with self._quiet():

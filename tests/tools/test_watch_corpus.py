@@ -141,7 +141,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     ("clean_mc_dropout.py", 0, ["no pitfall found", "not a verdict"]),
     ("buggy_intern_no_zero_grad_no_eval.py", 1,
      ["2 pitfall(s) found, 1 consequence(s) of them", "- missing-zero-grad-training:", "- eval-without-eval-mode:",
-      "- learning-rate-too-high: [a consequence of missing-zero-grad-training: the piled-up gradient norm was >= 3x"]),
+      "- learning-rate-too-high: [a consequence of missing-zero-grad-training: the piled-up gradient's norm was "
+      ">= 3x"]),
     ("buggy_functional_dropout_in_eval.py", 0, ["no pitfall found", "it does not see other bugs"]),
 ])
 def test_through_the_command_line(script, status, lines):

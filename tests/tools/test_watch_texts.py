@@ -279,7 +279,13 @@ def test_a_non_finite_loss_says_it_rose_only_when_it_did():
             finite.append(loss.item())
     assert finite[10] < finite[0]                                        # it fell, then became inf
     found = _finding(report, "exploding-gradients-nan")
-    assert "rising" not in found.message and f"(its last finite value was {finite[10]:.3g})" in found.message
+    assert "rising" not in found.message and found.kind == "hint"          # no gradient grew: not named as a cause
+    assert f"(its last finite value was {finite[10]:.3g}, and it had not risen before)" in found.message
+
+
+def test_the_eval_graph_text_counts_the_outputs_it_found_alive_together():
+    found = _finding(_run("buggy_eval_keeps_logits_with_grad.py"), "eval-without-no-grad")
+    assert found.message.startswith("8 forward passes") and found.evidence["forwards"] == 8     # 256 / 32 batches
 
 
 def test_a_model_with_no_weights_of_its_own_is_not_said_to_hold_non_finite_ones():
@@ -326,6 +332,39 @@ def test_a_sign_is_marked_a_consequence_only_where_the_figures_say_so():
     assert control.pitfalls == ["learning-rate-too-high"]                     # it rises with shuffled data too
     intern = _run("buggy_intern_no_zero_grad_no_eval.py")
     cause, rise = _finding(intern, "missing-zero-grad-training"), _finding(intern, "learning-rate-too-high")
-    grown = cause.evidence["grad norm >= 3x its first at step"]
-    assert rise.consequence_of == cause.pitfall and grown is not None and grown <= rise.since
-    assert f"the piled-up gradient norm was >= 3x its first from step {grown}" in str(intern)
+    grown = cause.evidence["grad norm >= 3x that of the step's own gradient at step"]
+    assert rise.consequence_of == cause.pitfall and grown is not None and grown < rise.since
+    assert (f"the piled-up gradient's norm was >= 3x that of its step's own gradient from step {grown}, before this "
+            f"began at step {rise.since}") in str(intern)
+
+
+def test_a_rise_the_pile_did_not_cause_is_no_consequence_of_it():
+    both = _run("buggy_adam_lr_no_zero_grad.py")          # review 2, C3: lr 10 and no zero_grad()
+    assert {(f.pitfall, f.kind) for f in both.findings} == {("missing-zero-grad-training", "cause"),
+                                                            ("learning-rate-too-high", "cause")}, str(both)
+    assert "[a consequence" not in str(both)
+    assert _run("buggy_adam_lr_no_zero_grad.py", "--zero-grad").pitfalls == ["learning-rate-too-high"]
+
+
+def test_a_later_evaluation_counts_every_training_iteration_not_the_watched_ones():
+    torch.manual_seed(0)
+    X, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with watch(steps=5) as report:
+        for step in range(30):
+            loss = F.cross_entropy(model(X[:64]), y[:64])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():                                           # an evaluation without model.eval()
+            model(X[64:])
+    found = _finding(report, "eval-without-eval-mode")
+    assert "1 of its 30 training iterations" in found.message and found.evidence["training iterations"] == 30
+
+
+def test_the_at_chance_threshold_is_stated_as_the_code_counts_it():
+    import ptlab.watch as module
+    from ptlab.watch.losses import LossCalls
+    assert "after >= 50 cross-entropy calls" in module.__doc__ and "50 optimizer steps" not in module.__doc__
+    assert "after >= 50 cross-entropy calls" in LossCalls.AT_CHANCE.sign
