@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      epilog="--steps and --json are the watch's wherever they stand; a script's own "
                                             "options of those names go after `--`. Exit status: 0 no cause found "
-                                            "(hints and consequences are printed), 1 a pitfall found, 2 the script "
-                                            "failed.")
+                                            "(hints are still printed), 1 a pitfall found (with any consequences "
+                                            "of it), 2 the script failed.")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps to observe")
     parser.add_argument("--json", metavar="PATH", help="also write the findings as JSON to PATH")
     args = parser.parse_args(own)

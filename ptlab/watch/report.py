@@ -90,7 +90,8 @@ class Report:
 
     @property
     def exit_status(self) -> int:
-        """2 the script failed, 1 a certain finding, 0 none (hints and consequences alone leave it 0)."""
+        """2 the script failed, 1 a certain finding, 0 none (hints alone leave it 0; a consequence comes with its
+        cause)."""
         return 2 if self.script_failed else (1 if self.causes else 0)
 
     def to_json(self) -> dict[str, Any]:
