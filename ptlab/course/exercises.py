@@ -6,6 +6,7 @@ A stub is left as `...` (Ellipsis), or a function whose body is `...`; the check
 from __future__ import annotations
 
 import dis
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -127,17 +128,27 @@ def is_untouched_stub(answer: Any) -> bool:
     code = getattr(answer, "__code__", None)
     if code is None:
         return False
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP")]
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
     return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
 
 
 def calls_stub(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a learner's function; raise NotAttempted if it still returns the stub's `...`."""
+    """Call a learner's function: an untouched stub (a body of only `...`, `pass` and a docstring), or one that
+    returns the stub's `...`, is "not attempted"; a function with code that returns None is wrong (a `return` is
+    missing)."""
     if not callable(fn):
         raise Wrong(f"expected a function, got {type(fn).__name__}")
+    if is_untouched_stub(fn):
+        raise NotAttempted
     result = fn(*args)
     if result is Ellipsis:
         raise NotAttempted
     if result is None:
         raise Wrong("your function returned None: is a `return` missing?")
     return result
+
+
+def answer_digest(value: Any) -> str:
+    """How a checker compares an answer that is a value (a name, a count) without writing the value into its
+    comparison: its repr's sha256, shortened."""
+    return hashlib.sha256(repr(value).encode("utf-8")).hexdigest()[:16]

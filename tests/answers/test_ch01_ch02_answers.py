@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ptlab.course.exercises import all_exercises, check
-from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.course.exercises import answer_digest
 from ptlab.lessons.ch02_autograd.exercises import _penalty_model, _clipping_problem
 
 

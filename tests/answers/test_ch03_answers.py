@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ptlab import check
-from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.course.exercises import answer_digest
 from ptlab.lessons.ch03_data.exercises import LABEL_CASES, _folder_labels, _start_method_for, check_worker_seeding
 from ptlab.workers import seed_worker_numpy_rng
 

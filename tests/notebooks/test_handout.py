@@ -180,11 +180,11 @@ def _source_file(obj):
 def test_the_shipped_answer_finder_finds_a_shipped_function_passed_as_correct(tmp_path):
     test = tmp_path / "test_probe_answers.py"
     test.write_text("import pytest\n"
-                    "from ptlab.course.exercises import Wrong, check\n"
-                    "from ptlab.lessons.ch01_tensors.exercises import calls_answer, check_safe_contrast\n"
+                    "from ptlab.course.exercises import Wrong, calls_stub, check\n"
+                    "from ptlab.lessons.ch01_tensors.exercises import check_safe_contrast\n"
                     "from ptlab.lessons.ch02_autograd.exercises import hard_gate\n\n"
                     "def right(*args):\n"
-                    "    return calls_answer(*args)\n\n"
+                    "    return calls_stub(*args)\n\n"
                     "def test_it():\n"
                     "    assert check('ch2-why-no-training', ('gate', hard_gate)) == 'correct'\n"
                     "    assert check('ch1-safe-contrast', lambda img, f: right(img, f)) == 'correct'\n"
@@ -193,4 +193,4 @@ def test_the_shipped_answer_finder_finds_a_shipped_function_passed_as_correct(tm
                     "    with pytest.raises(Wrong):\n"
                     "        check_safe_contrast(hard_gate)\n", encoding="utf-8")
     found = shipped_answers_in(test)
-    assert [f.split(",")[0] for f in found] == ["line 10: hard_gate", "line 11: calls_answer", "line 13: check"], found
+    assert [f.split(",")[0] for f in found] == ["line 10: hard_gate", "line 11: calls_stub", "line 13: check"], found

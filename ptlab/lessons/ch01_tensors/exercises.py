@@ -1,40 +1,14 @@
 """Chapter 1 exercises: broadcasting, dtypes, reductions."""
 from __future__ import annotations
 
-import dis
-import hashlib
 import math
-from typing import Any, Callable
 
 import torch
 
-from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
+from ptlab.course.exercises import Wrong, calls_stub, exercise
 
 # The three pairs of exercise 1.1; none of them is printed in the chapter.
 BROADCAST_PAIRS = [((6, 1, 3), (5, 1)), ((4, 3), (4,)), ((7,), (7, 1))]
-
-
-def does_nothing(fn: Callable[..., Any]) -> bool:
-    """True for a function whose body only returns None: `...`, `pass` or a bare docstring, an untouched stub."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return False
-    steps = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
-    return steps in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
-
-
-def calls_answer(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a learner's function: an untouched stub (`return ...`, or a body that is only `...`) is
-    "not attempted"; a function with code that returns None is wrong (a `return` is missing)."""
-    if callable(fn) and does_nothing(fn):
-        raise NotAttempted
-    return calls_stub(fn, *args)
-
-
-def answer_digest(value: Any) -> str:
-    """How a checker compares an answer that is a value (a name, a count) without writing the value into its
-    comparison: its repr's sha256, shortened."""
-    return hashlib.sha256(repr(value).encode("utf-8")).hexdigest()[:16]
 
 
 def _broadcast_or_none(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -81,7 +55,7 @@ def check_safe_contrast(contrast) -> None:
     img = torch.tensor([[0, 100, 128, 200, 250]], dtype=torch.uint8)
     before = img.clone()
     for factor, want in [(2, [[0, 72, 128, 255, 255]]), (0.5, [[64, 114, 128, 164, 189]])]:
-        out = calls_answer(contrast, img, factor)
+        out = calls_stub(contrast, img, factor)
         if not isinstance(out, torch.Tensor):
             raise Wrong(f"return a tensor, not {type(out).__name__}.")
         if not torch.equal(img, before):
@@ -103,7 +77,7 @@ def check_safe_contrast(contrast) -> None:
 def check_normalize_rows(standardize_rows) -> None:
     for shape in [(4, 4), (3, 5)]:
         x = torch.arange(1.0, 1.0 + shape[0] * shape[1]).reshape(shape) ** 1.5
-        out = calls_answer(standardize_rows, x.clone())
+        out = calls_stub(standardize_rows, x.clone())
         if not isinstance(out, torch.Tensor) or out.shape != x.shape:
             raise Wrong(f"for input of shape {shape} return a tensor of the same shape.")
         means, stds = out.mean(dim=1), out.std(dim=1, unbiased=False)

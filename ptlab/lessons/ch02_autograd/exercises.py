@@ -6,8 +6,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ptlab.course.exercises import NotAttempted, Wrong, exercise
-from ptlab.lessons.ch01_tensors.exercises import answer_digest, calls_answer
+from ptlab.course.exercises import NotAttempted, Wrong, answer_digest, calls_stub, exercise
 from ptlab.lessons.ch02_autograd.exercise_figures import FIGURES
 
 
@@ -63,7 +62,7 @@ def check_why_no_training(answer) -> None:
         raise Wrong(f"{module!r} does get a gradient: follow each layer's output to the loss, and find the "
                     "one that passes through an op whose result is not a float.")
     logits = torch.linspace(-10.0, 10.0, 41, requires_grad=True)
-    opened = calls_answer(soft_gate, logits)
+    opened = calls_stub(soft_gate, logits)
     if not isinstance(opened, torch.Tensor) or opened.shape != logits.shape or not opened.is_floating_point():
         raise Wrong("soft_gate(logits) should return a float tensor of the logits' shape.")
     low, high = opened.min().item(), opened.max().item()
@@ -99,7 +98,7 @@ def _penalty_model() -> nn.Module:
 )
 def check_penalty_in_graph(weight_penalty) -> None:
     model = _penalty_model()
-    penalty = calls_answer(weight_penalty, model)
+    penalty = calls_stub(weight_penalty, model)
     if not isinstance(penalty, torch.Tensor):
         raise Wrong(f"return a tensor, not {type(penalty).__name__}: a Python number has no graph.")
     _refuse_a_graph_that_misses_parameters(penalty, model)
@@ -161,7 +160,7 @@ def check_clipped_step(clipped_step) -> None:
     theirs, opt_theirs, X, y = _clipping_problem()
     figures = FIGURES["ch2-clipped-step"]
     for step in range(3):
-        got = calls_answer(clipped_step, theirs, opt_theirs, X, y, 1.0)
+        got = calls_stub(clipped_step, theirs, opt_theirs, X, y, 1.0)
         want = figures["norms before clipping"][step]
         if isinstance(got, torch.Tensor):
             raise Wrong("you returned a tensor; the task asks for a Python float: turn the norm into a number.")

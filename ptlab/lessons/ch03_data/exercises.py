@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ptlab.course.exercises import NotAttempted, Wrong, calls_stub, exercise
-from ptlab.lessons.ch01_tensors.exercises import answer_digest
+from ptlab.course.exercises import NotAttempted, Wrong, answer_digest, calls_stub, exercise, is_untouched_stub
 from ptlab.lessons.ch03_data.datasets import AugmentWithNumpyRng
 from ptlab.workers import seed_worker_numpy_rng
 from ptlab.lessons.ch03_data.exercise_figures import FIGURES
@@ -42,12 +41,6 @@ def check_label_lookup(label_lookup: Callable[[dict[str, int], list[str]], Any])
         if lookup != expected:
             raise Wrong(f"for intended={intended} you gave {lookup}; ImageFolder label 0 is "
                         f"{sorted(intended)[0]!r}, which is {expected[0]} in yours.")
-
-
-def _is_empty(fn: Callable) -> bool:
-    """True for a function whose body is only `...` or `pass`."""
-    code = getattr(fn, "__code__", None)
-    return code is not None and code.co_code == (lambda worker_id: None).__code__.co_code
 
 
 def _is_the_chapters_fix(fn: Callable) -> bool:
@@ -92,7 +85,7 @@ def check_worker_seeding(init_fn: Callable[[int], None]) -> None:
 
     if not callable(init_fn):
         raise Wrong(f"expected a function, got {type(init_fn).__name__}")
-    if _is_empty(init_fn):
+    if is_untouched_stub(init_fn):
         raise NotAttempted
     if _is_the_chapters_fix(init_fn):
         raise Wrong("that is ptlab.workers.seed_worker_numpy_rng, the fix the chapter's pitfall shows: write your "
