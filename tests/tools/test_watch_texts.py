@@ -304,7 +304,8 @@ def test_a_rising_loss_states_its_figures_not_that_each_update_made_it_worse():
     assert "each update" not in found.message
 
 
-def test_a_pass_after_the_watched_steps_is_placed_after_the_step_it_followed():
+def _evaluated_after_30_steps_with_5_watched():
+    """30 training steps under watch(steps=5), then one evaluation without model.eval(): the report."""
     torch.manual_seed(0)
     X, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
     model = _mlp()
@@ -317,6 +318,11 @@ def test_a_pass_after_the_watched_steps_is_placed_after_the_step_it_followed():
             opt.step()
         with torch.no_grad():                                           # an evaluation without model.eval()
             model(X[64:])
+    return report
+
+
+def test_a_pass_after_the_watched_steps_is_placed_after_the_step_it_followed():
+    report = _evaluated_after_30_steps_with_5_watched()
     found = _finding(report, "eval-without-eval-mode")
     assert report.steps_observed == 5 and found.evidence["after steps"] == [30]
     assert "after step(s) 30;" in found.message and "after step(s) 5" not in found.message
@@ -347,18 +353,7 @@ def test_a_rise_the_pile_did_not_cause_is_no_consequence_of_it():
 
 
 def test_a_later_evaluation_counts_every_training_iteration_not_the_watched_ones():
-    torch.manual_seed(0)
-    X, y = torch.randn(256, 8), torch.randint(0, 4, (256,))
-    model = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with watch(steps=5) as report:
-        for step in range(30):
-            loss = F.cross_entropy(model(X[:64]), y[:64])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        with torch.no_grad():                                           # an evaluation without model.eval()
-            model(X[64:])
+    report = _evaluated_after_30_steps_with_5_watched()
     found = _finding(report, "eval-without-eval-mode")
     assert "1 of its 30 training iterations" in found.message and found.evidence["training iterations"] == 30
 
